@@ -1,0 +1,281 @@
+"""Per-layer ReplaySSM state: checkpoint(s), input buffer, per-sequence cursors, byte accounting.
+
+Shapes use these letters:
+    S  slots (sequences the layer can hold; a batch row addresses a slot through state_indices)
+    L  buffer capacity (entries since the last flush)
+    K  flush period (K <= L; with speculation, L >= K + T)
+    Mamba-2: H heads, P head dim, N state dim, G groups (B shared per group)
+    GDN:     Hv value heads, Hk key heads, dv value dim, dk key dim
+
+A checkpoint is a state tensor [S, heads, rows, cols] (Mamba-2: rows = P, cols = N;
+GDN: rows = dv, cols = dk). In fp8 it carries one float32 scale per row ([S, heads, rows]).
+
+Three precision modes:
+    "replay"      one checkpoint in ``state_dtype``, read by both the output path and flushes;
+    "dual"        a float32 high checkpoint read/written only by flushes, plus a low copy
+                  (bf16 / fp16 / fp8-e4m3 with per-row scales) that the per-step output path reads;
+    "shared-low"  one checkpoint in the low dtype, used for both (rounding accumulates).
+
+The buffer is linear, not circular: a flush folds every committed entry, so the cursor
+returns to 0 and new entries overwrite from the start. Drafts beyond the cursor
+(speculation) are simply overwritten by the next verify: rollback is a cursor move.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float8_e4m3": torch.float8_e4m3fn,
+}
+LO_DTYPES = ("bfloat16", "float16", "float8_e4m3")
+MODES = ("replay", "dual", "shared-low")
+
+
+def dtype_of(name: str | torch.dtype) -> torch.dtype:
+    """Torch dtype for a dtype name used in scenarios ('float32', 'float8_e4m3', ...)."""
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPES)}") from None
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 if any tensor is float64 (exact reference runs), else float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+@dataclass
+class ByteCounter:
+    """Bytes an op touches in device memory, by kind. Counts unique bytes per step
+    (a group's B row shared by its heads counts once)."""
+
+    ckpt_read: int = 0
+    ckpt_write: int = 0
+    buf_read: int = 0
+    buf_write: int = 0
+    io_read: int = 0
+    io_write: int = 0
+    steps: int = 0
+
+    def total(self) -> int:
+        return self.ckpt_read + self.ckpt_write + self.buf_read + self.buf_write + self.io_read + self.io_write
+
+    def reset(self) -> None:
+        for f in ("ckpt_read", "ckpt_write", "buf_read", "buf_write", "io_read", "io_write", "steps"):
+            setattr(self, f, 0)
+
+
+@dataclass
+class Checkpoint:
+    """One stored copy of the recurrent state.
+
+    data:  [S, heads, rows, cols] in its storage dtype
+    scale: [S, heads, rows] float32 per-row scales, only for fp8 storage (else None)
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    @classmethod
+    def zeros(cls, slots: int, heads: int, rows: int, cols: int, dtype: torch.dtype, device) -> "Checkpoint":
+        data = torch.zeros(slots, heads, rows, cols, dtype=dtype, device=device)
+        scale = None
+        if dtype == torch.float8_e4m3fn:
+            scale = torch.ones(slots, heads, rows, dtype=torch.float32, device=device)
+        return cls(data, scale)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.scale is not None
+
+    def bytes_per_slot(self) -> int:
+        """Bytes one sequence's copy occupies (data plus scales)."""
+        n = self.data[0].numel() * self.data.element_size()
+        if self.scale is not None:
+            n += self.scale[0].numel() * self.scale.element_size()
+        return n
+
+    def read(self, slots: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
+        """Dequantised state of `slots` ([b] long) as [b, heads, rows, cols] in compute dtype cd."""
+        s = self.data[slots].to(cd)
+        if self.scale is not None:
+            s = s * self.scale[slots].to(cd)[..., None]
+        return s
+
+    def write(self, slots: torch.Tensor, state: torch.Tensor) -> None:
+        """Store `state` [b, heads, rows, cols] (any float dtype) into `slots`, quantising."""
+        if self.scale is not None:
+            scale = quantize_scale(state)
+            self.scale[slots] = scale.to(torch.float32)
+            self.data[slots] = (state / scale[..., None]).to(self.data.dtype)
+        else:
+            self.data[slots] = state.to(self.data.dtype)
+
+
+def quantize_scale(state: torch.Tensor) -> torch.Tensor:
+    """Per-row fp8 scale [.., rows] = amax(|row|) / 448 (1 for an all-zero row)."""
+    amax = state.abs().amax(dim=-1)
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def make_checkpoints(mode: str, state_dtype, lo_dtype, slots, heads, rows, cols, device):
+    """(hi, lo) checkpoints for a precision mode. lo is None except in dual mode."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+    if mode == "replay":
+        return Checkpoint.zeros(slots, heads, rows, cols, dtype_of(state_dtype), device), None
+    if lo_dtype is None or (not isinstance(lo_dtype, torch.dtype) and lo_dtype not in LO_DTYPES):
+        raise ValueError(f"mode {mode!r} needs lo_dtype in {', '.join(LO_DTYPES)}; got {lo_dtype!r}")
+    lo = Checkpoint.zeros(slots, heads, rows, cols, dtype_of(lo_dtype), device)
+    if mode == "shared-low":
+        return lo, None
+    hi_dtype = dtype_of(state_dtype)
+    if hi_dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dual mode keeps a float32 (or float64) high checkpoint; got state_dtype {state_dtype!r}")
+    return Checkpoint.zeros(slots, heads, rows, cols, hi_dtype, device), lo
+
+
+@dataclass
+class ReplayStateBase:
+    """Fields shared by both families. Subclasses add the buffer tensors."""
+
+    hi: Checkpoint            # flush path; in 'replay' and 'shared-low' mode the only copy
+    lo: Checkpoint | None     # output path in 'dual' mode
+    cursor: torch.Tensor      # [S] int32: committed entries since the last flush
+    flush_period: int
+    mode: str
+    counter: ByteCounter | None = field(default=None)
+
+    @property
+    def read_ckpt(self) -> Checkpoint:
+        """The copy the per-step output path reads."""
+        return self.lo if self.lo is not None else self.hi
+
+    @property
+    def capacity(self) -> int:
+        raise NotImplementedError
+
+    def count(self, **kw: int) -> None:
+        if self.counter is not None:
+            for k, v in kw.items():
+                setattr(self.counter, k, getattr(self.counter, k) + int(v))
+
+    def state_bytes_per_slot(self) -> int:
+        """Checkpoint bytes one sequence holds (both copies in dual mode)."""
+        n = self.hi.bytes_per_slot()
+        if self.lo is not None:
+            n += self.lo.bytes_per_slot()
+        return n
+
+    def buffer_bytes_per_slot(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.buffers())
+
+    def buffer_row_bytes(self) -> int:
+        """Bytes one buffer entry occupies for one sequence (all heads)."""
+        return sum(t[0, 0].numel() * t.element_size() for t in self.buffers())
+
+    def buffers(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+
+@dataclass
+class Mamba2ReplayState(ReplayStateBase):
+    """Mamba-2 ReplaySSM state of one layer.
+
+    x:  [S, L, H, P]  activation dtype: buffered inputs
+    B:  [S, L, G, N]  activation dtype: buffered input projections (per group)
+    dt: [S, L, H]     float32 (float64 in exact runs): softplus(dt_raw + dt_bias) of each entry
+    """
+
+    x: torch.Tensor = None
+    B: torch.Tensor = None
+    dt: torch.Tensor = None
+
+    @property
+    def capacity(self) -> int:
+        return self.x.shape[1]
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.x, self.B, self.dt]
+
+    @classmethod
+    def allocate(cls, slots: int, nheads: int, head_dim: int, d_state: int, n_groups: int,
+                 buffer_len: int, flush_period: int, mode: str = "replay", state_dtype="float32",
+                 lo_dtype=None, act_dtype=torch.bfloat16, device="cpu", counter=None) -> "Mamba2ReplayState":
+        check_periods(buffer_len, flush_period)
+        hi, lo = make_checkpoints(mode, state_dtype, lo_dtype, slots, nheads, head_dim, d_state, device)
+        act = dtype_of(act_dtype)
+        dt_dtype = torch.float64 if act == torch.float64 else torch.float32
+        return cls(hi=hi, lo=lo, cursor=torch.zeros(slots, dtype=torch.int32, device=device),
+                   flush_period=flush_period, mode=mode, counter=counter,
+                   x=torch.zeros(slots, buffer_len, nheads, head_dim, dtype=act, device=device),
+                   B=torch.zeros(slots, buffer_len, n_groups, d_state, dtype=act, device=device),
+                   dt=torch.zeros(slots, buffer_len, nheads, dtype=dt_dtype, device=device))
+
+
+@dataclass
+class GDNReplayState(ReplayStateBase):
+    """Gated DeltaNet ReplaySSM state of one layer.
+
+    u:    [S, L, Hv, dv]  float32 (float64 exact): u_i = beta_i (v_i - alpha_i S_{i-1} k_i)
+    k:    [S, L, Hk, dk]  activation dtype: raw keys (normalised on use, so the stored
+                          value is the exact input)
+    g:    [S, L, Hv]      float32: log alpha_i
+    v:    [S, L, Hv, dv]  activation dtype, dual mode only: raw values, so a flush can
+                          recompute u against the high checkpoint
+    beta: [S, L, Hv]      float32, dual mode only
+    """
+
+    u: torch.Tensor = None
+    k: torch.Tensor = None
+    g: torch.Tensor = None
+    v: torch.Tensor | None = None
+    beta: torch.Tensor | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.u.shape[1]
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [t for t in (self.u, self.k, self.g, self.v, self.beta) if t is not None]
+
+    @classmethod
+    def allocate(cls, slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+                 buffer_len: int, flush_period: int, mode: str = "replay", state_dtype="float32",
+                 lo_dtype=None, act_dtype=torch.bfloat16, device="cpu", counter=None) -> "GDNReplayState":
+        check_periods(buffer_len, flush_period)
+        if num_v_heads % num_k_heads:
+            raise ValueError(f"num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
+        hi, lo = make_checkpoints(mode, state_dtype, lo_dtype, slots, num_v_heads, head_v_dim, head_k_dim, device)
+        act = dtype_of(act_dtype)
+        f = torch.float64 if act == torch.float64 else torch.float32
+        dual = mode == "dual"
+        z = lambda *shape, dtype: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+        return cls(hi=hi, lo=lo, cursor=z(slots, dtype=torch.int32), flush_period=flush_period, mode=mode,
+                   counter=counter,
+                   u=z(slots, buffer_len, num_v_heads, head_v_dim, dtype=f),
+                   k=z(slots, buffer_len, num_k_heads, head_k_dim, dtype=act),
+                   g=z(slots, buffer_len, num_v_heads, dtype=f),
+                   v=z(slots, buffer_len, num_v_heads, head_v_dim, dtype=act) if dual else None,
+                   beta=z(slots, buffer_len, num_v_heads, dtype=f) if dual else None)
+
+
+def check_periods(buffer_len: int, flush_period: int, spec_window: int = 0) -> None:
+    """Validate K <= L (and K + T <= L when speculating)."""
+    if buffer_len < 1 or flush_period < 1:
+        raise ValueError(f"buffer_len ({buffer_len}) and flush_period ({flush_period}) must be >= 1")
+    if flush_period > buffer_len:
+        raise ValueError(f"flush_period ({flush_period}) must be <= buffer_len ({buffer_len})")
+    if spec_window and buffer_len < flush_period + spec_window:
+        raise ValueError(f"speculation needs buffer_len >= flush_period + spec_window "
+                         f"({flush_period} + {spec_window}); got {buffer_len}")
