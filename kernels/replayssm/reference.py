@@ -284,9 +284,9 @@ def mamba2_commit(rs: Mamba2ReplayState, A, accepted, state_indices=None) -> Non
 
 # ----------------------------------------------------------------------------- GDN
 def _gdn_prep(q, k, cd, Hv, scale):
-    """Normalise and expand q/k [b, Hk, dk] -> [b, Hv, dk] (q also scaled)."""
-    kn = _expand_groups(l2norm(k.to(cd)), Hv, 1)
-    qn = _expand_groups(l2norm(q.to(cd)), Hv, 1) * scale
+    """Normalise and expand q/k [b, (T,) Hk, dk] -> [b, (T,) Hv, dk] (q also scaled)."""
+    kn = _expand_groups(l2norm(k.to(cd)), Hv, k.dim() - 2)
+    qn = _expand_groups(l2norm(q.to(cd)), Hv, q.dim() - 2) * scale
     return qn, kn
 
 
