@@ -1,0 +1,191 @@
+"""Analytical memory traffic and FLOPs of one decode step of one SSM layer.
+
+All numbers are per step for the whole batch, averaged over a flush period (every
+sequence cycles through cursor positions 0..K-1). They count unique device-memory bytes
+the way the kernels touch them: the state once per read or write, a group's B (a key
+head's k) once, buffer rows 0..n-1 at cursor n, layer parameters (A, D, dt_bias: a few
+hundred bytes, cached) not at all.
+
+Per sequence, with S = state bytes of the copy read, r = bytes of one buffer row
+(all heads), io = step inputs + outputs:
+
+    eager            read S + in            write S + out
+    replay, n < K-1  read S_read + n r + in  write r + out               (output-only route)
+    replay, n = K-1  read S_hi + n r + in    write S_hi (+ S_lo) + out   (flush step)
+    average          read ((K-1) S_read + S_hi)/K + r (K-1)/2 + in
+                     write r (K-1)/K + (S_hi + S_lo)/K + out
+
+Speculative (one verify round of T drafts, m accepted on average; see spec_traffic).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "none": 0}
+REPLAY_METHODS = ("replay", "replay-dual", "replay-shared-low")
+EAGER_METHODS = ("eager", "vllm-eager")
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes and FLOPs of one step of one layer (whole batch)."""
+
+    read_bytes: float
+    write_bytes: float
+    flops: float
+    parts: dict = field(default_factory=dict, compare=False)  # named components (bytes per step)
+
+    @property
+    def total_bytes(self) -> float:
+        return self.read_bytes + self.write_bytes
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte moved."""
+        return self.flops / self.total_bytes if self.total_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """Per-sequence byte sizes of one layer's decode step for a method's precision mode."""
+
+    state_hi: float     # the checkpoint flushes read and write (the only copy unless dual)
+    state_lo: float     # dual mode's low copy (0 otherwise)
+    row: float          # one buffer entry, all heads
+    io_in: float        # step inputs
+    io_out: float       # step outputs
+    state_elems: int    # recurrent state elements (for FLOPs)
+    eager_flops_per_elem: float
+    replay_flops_per_elem: float
+
+    @property
+    def state_read(self) -> float:
+        """The copy the per-step output path reads."""
+        return self.state_lo or self.state_hi
+
+
+def _state_bytes(elems: int, rows: int, dtype: str) -> float:
+    """Bytes of one stored state copy; fp8 adds one float32 scale per row."""
+    b = elems * DTYPE_BYTES[dtype]
+    return b + rows * 4 if dtype == "float8_e4m3" else b
+
+
+def precision_copies(method: str, state_dtype: str, lo_dtype: str) -> tuple[str, str | None]:
+    """(high/only copy dtype, low copy dtype or None) for a method."""
+    if method == "replay-dual":
+        return state_dtype, lo_dtype
+    if method == "replay-shared-low":
+        return lo_dtype, None
+    return state_dtype, None
+
+
+def mamba2_layer_bytes(nheads, head_dim, d_state, n_groups, method="eager", state_dtype="float32",
+                       lo_dtype="none", act_bytes=2, gate=True) -> LayerBytes:
+    """Per-sequence sizes for Mamba-2 (x, z, y in activation dtype; dt float32; B/C per group)."""
+    H, P, N, G = nheads, head_dim, d_state, n_groups
+    elems, rows = H * P * N, H * P
+    hi, lo = precision_copies(method, state_dtype, lo_dtype)
+    io_in = H * P * act_bytes + H * 4 + 2 * G * N * act_bytes + (H * P * act_bytes if gate else 0)
+    return LayerBytes(state_hi=_state_bytes(elems, rows, hi), state_lo=_state_bytes(elems, rows, lo) if lo else 0,
+                      row=H * P * act_bytes + G * N * act_bytes + H * 4, io_in=io_in, io_out=H * P * act_bytes,
+                      state_elems=elems, eager_flops_per_elem=5, replay_flops_per_elem=2)
+
+
+def gdn_layer_bytes(num_k_heads, num_v_heads, head_k_dim, head_v_dim, method="eager", state_dtype="float32",
+                    lo_dtype="none", act_bytes=2) -> LayerBytes:
+    """Per-sequence sizes for GDN (q, k, v, o in activation dtype; g, beta float32; u float32;
+    dual mode also buffers raw v and beta so a flush can recompute u against the high copy)."""
+    Hk, Hv, dk, dv = num_k_heads, num_v_heads, head_k_dim, head_v_dim
+    elems, rows = Hv * dv * dk, Hv * dv
+    hi, lo = precision_copies(method, state_dtype, lo_dtype)
+    row = Hv * dv * 4 + Hk * dk * act_bytes + Hv * 4
+    if method == "replay-dual":
+        row += Hv * dv * act_bytes + Hv * 4
+    return LayerBytes(state_hi=_state_bytes(elems, rows, hi), state_lo=_state_bytes(elems, rows, lo) if lo else 0,
+                      row=row, io_in=2 * Hk * dk * act_bytes + Hv * dv * act_bytes + 2 * Hv * 4,
+                      io_out=Hv * dv * act_bytes, state_elems=elems, eager_flops_per_elem=7, replay_flops_per_elem=4)
+
+
+def eager_traffic(lb: LayerBytes, batch: int) -> Traffic:
+    s = lb.state_hi
+    return Traffic(read_bytes=batch * (s + lb.io_in), write_bytes=batch * (s + lb.io_out),
+                   flops=batch * lb.state_elems * lb.eager_flops_per_elem,
+                   parts={"state_read": batch * s, "state_write": batch * s, "buffer_read": 0.0,
+                          "buffer_write": 0.0, "io": batch * (lb.io_in + lb.io_out)})
+
+
+def replay_traffic(lb: LayerBytes, batch: int, flush_period: int) -> Traffic:
+    """Average over a flush period K (see the module docstring)."""
+    K = flush_period
+    state_read = ((K - 1) * lb.state_read + lb.state_hi) / K
+    state_write = (lb.state_hi + lb.state_lo) / K
+    buf_read, buf_write = lb.row * (K - 1) / 2, lb.row * (K - 1) / K
+    # output-only steps touch each state element ~replay_flops times; the flush step folds
+    # (eager-like work) once per period
+    fl = lb.state_elems * (lb.replay_flops_per_elem * (K - 1) + lb.eager_flops_per_elem) / K
+    return Traffic(read_bytes=batch * (state_read + buf_read + lb.io_in),
+                   write_bytes=batch * (state_write + buf_write + lb.io_out), flops=batch * fl,
+                   parts={"state_read": batch * state_read, "state_write": batch * state_write,
+                          "buffer_read": batch * buf_read, "buffer_write": batch * buf_write,
+                          "io": batch * (lb.io_in + lb.io_out)})
+
+
+def spec_traffic(lb: LayerBytes, batch: int, flush_period: int, spec_window: int, accepted: float,
+                 perdraft: bool) -> Traffic:
+    """One verify round of T drafts with `accepted` committed on average, per round.
+
+    ReplaySSM: read the checkpoint once and the committed buffer rows, write T draft rows;
+    a flush (read + write the state, read the buffer) fires about every K/accepted rounds.
+    Per-draft baseline (vLLM's speculative path): read the accepted state, write one full
+    state per draft position (T slots).
+    """
+    T = spec_window
+    io = T * (lb.io_in + lb.io_out)
+    if perdraft:
+        s = lb.state_hi
+        return Traffic(read_bytes=batch * (s + T * lb.io_in), write_bytes=batch * (T * s + T * lb.io_out),
+                       flops=batch * T * lb.state_elems * lb.eager_flops_per_elem,
+                       parts={"state_read": batch * s, "state_write": batch * T * s, "buffer_read": 0.0,
+                              "buffer_write": 0.0, "io": batch * io})
+    K = flush_period
+    flush_rate = min(1.0, accepted / K) if accepted > 0 else 0.0      # flushes per round
+    mean_cursor = (K - 1) / 2                                          # committed rows read
+    state_read = lb.state_read + flush_rate * lb.state_hi
+    state_write = flush_rate * (lb.state_hi + lb.state_lo)
+    buf_read = lb.row * mean_cursor * (1 + flush_rate)
+    fl = lb.state_elems * (T * lb.replay_flops_per_elem + flush_rate * lb.eager_flops_per_elem)
+    return Traffic(read_bytes=batch * (state_read + buf_read + T * lb.io_in),
+                   write_bytes=batch * (state_write + T * lb.row + T * lb.io_out), flops=batch * fl,
+                   parts={"state_read": batch * state_read, "state_write": batch * state_write,
+                          "buffer_read": batch * buf_read, "buffer_write": batch * T * lb.row, "io": batch * io})
+
+
+def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str, act_bytes: int = 2,
+                    gate: bool = True) -> LayerBytes:
+    """LayerBytes from a model's SSM dims (replaybench.models.Mamba2Dims / GDNDims)."""
+    if op == "mamba2":
+        return mamba2_layer_bytes(dims.nheads, dims.head_dim, dims.d_state, dims.n_groups, method, state_dtype,
+                                  lo_dtype, act_bytes, gate)
+    if op == "gdn":
+        return gdn_layer_bytes(dims.num_k_heads, dims.num_v_heads, dims.head_k_dim, dims.head_v_dim, method,
+                               state_dtype, lo_dtype, act_bytes)
+    raise ValueError(f"unknown op {op!r}; allowed: mamba2, gdn")
+
+
+def step_traffic(case, model, act_bytes: int = 2, accepted: float | None = None) -> Traffic:
+    """Traffic of one step of one layer for a sweep case (replaybench.scenario.Case)."""
+    lb = layer_bytes_for(model.op, model.ssm, case.method, case.state_dtype, case.lo_dtype, act_bytes)
+    if case.method in EAGER_METHODS:
+        return eager_traffic(lb, case.batch)
+    if case.method in REPLAY_METHODS:
+        return replay_traffic(lb, case.batch, case.flush_period)
+    if case.method in ("spec-replay", "spec-perdraft", "vllm-spec"):
+        m = accepted if accepted is not None else case.spec_window / 2
+        return spec_traffic(lb, case.batch, case.flush_period, case.spec_window, m,
+                            perdraft=case.method != "spec-replay")
+    raise ValueError(f"no traffic model for method {case.method!r}")
+
+
+def speedup_ceiling(eager: Traffic, other: Traffic) -> float:
+    """Speedup at equal achieved bandwidth: ratio of modelled bytes."""
+    return eager.total_bytes / other.total_bytes
