@@ -1,0 +1,162 @@
+"""Timing of decode steps: CUDA-graph replay on a GPU, wall clock on a CPU.
+
+GPU rule (DESIGN.md §4): the measured callable is captured once in a CUDA graph and
+replayed; each replay is one sample, bracketed by CUDA events recorded back to back with
+no synchronisation in between; the host synchronises once per batch of samples. The
+callable itself should touch enough independent layer states that the state streams from
+HBM (the runner sizes that). Stopping rule: at least `min_samples`, then stop once the
+relative IQR (IQR / median) <= `rel_iqr`, or at `max_samples` / `max_time_s`.
+
+Throttling: NVML clock-throttle reasons are read after every batch; a batch during which a
+thermal/power/slowdown reason was active is discarded (and counted), as are its samples.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+# NVML throttle reasons that mean the clocks were pulled down under us (not idle / app clocks)
+_BAD_REASONS = {
+    "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal": 0x20,
+    "hw_thermal": 0x40, "hw_power_brake": 0x80,
+}
+
+
+@dataclass
+class Timing:
+    median_us: float
+    iqr_us: float
+    samples: int
+    discarded: int
+    mean_us: float
+    min_us: float
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    power_w: float | None = None
+    throttle: str = ""
+    raw_us: list = field(default_factory=list, repr=False)
+
+    @property
+    def rel_iqr(self) -> float:
+        return self.iqr_us / self.median_us if self.median_us else float("inf")
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[1], q[2]
+
+
+class _Nvml:
+    """Optional NVML probe (nvidia-ml-py); all methods return None without a GPU."""
+
+    def __init__(self, device_index: int = 0):
+        self.h = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.nv = pynvml
+            self.h = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        except Exception:
+            self.h = None
+
+    def read(self) -> dict:
+        if self.h is None:
+            return {}
+        nv, h = self.nv, self.h
+        out = {}
+        try:
+            out["sm"] = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+            out["mem"] = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)
+            out["power"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+            reasons = nv.nvmlDeviceGetCurrentClocksEventReasons(h) if hasattr(
+                nv, "nvmlDeviceGetCurrentClocksEventReasons") else nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+            out["bad"] = [k for k, bit in _BAD_REASONS.items() if reasons & bit]
+        except Exception:
+            pass
+        return out
+
+
+def _stop(samples: list[float], cfg, started: float) -> bool:
+    if len(samples) >= cfg.max_samples or time.perf_counter() - started > cfg.max_time_s:
+        return True
+    if len(samples) < cfg.min_samples:
+        return False
+    q1, med, q3 = quartiles(samples)
+    return (q3 - q1) / med <= cfg.rel_iqr
+
+
+def _summary(samples, discarded, per, clocks, reasons) -> Timing:
+    if not samples:
+        raise RuntimeError(f"no usable timing samples ({discarded} discarded; throttle: {sorted(reasons)})")
+    xs = [s / per for s in samples]
+    q1, med, q3 = quartiles(xs)
+    avg = lambda k: statistics.fmean(c[k] for c in clocks if k in c) if any(k in c for c in clocks) else None  # noqa
+    return Timing(median_us=med, iqr_us=q3 - q1, samples=len(xs), discarded=discarded, mean_us=statistics.fmean(xs),
+                  min_us=min(xs), sm_clock_mhz=avg("sm"), mem_clock_mhz=avg("mem"), power_w=avg("power"),
+                  throttle=",".join(sorted(reasons)), raw_us=xs)
+
+
+def time_cpu(fn: Callable[[], None], cfg, per: int = 1) -> Timing:
+    """Wall-clock timing on the CPU; `per` = units of work per call (result is per unit)."""
+    for _ in range(cfg.warmup):
+        fn()
+    samples: list[float] = []
+    started = time.perf_counter()
+    while not _stop(samples, cfg, started):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return _summary(samples, 0, per, [], set())
+
+
+def time_cuda_graph(fn: Callable[[], None], cfg, per: int = 1, batch: int = 10, use_graph: bool = True) -> Timing:
+    """CUDA-graph replay timing; `fn` launches the work of one sample (e.g. all layers x K steps)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(max(cfg.warmup, 1)):  # warm up: compile, autotune, allocator
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    if use_graph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    else:
+        run = fn
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    nvml = _Nvml(torch.cuda.current_device())
+    samples: list[float] = []
+    clocks, reasons, discarded = [], set(), 0
+    started = time.perf_counter()
+    while not _stop(samples, cfg, started):
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(batch + 1)]
+        ev[0].record()
+        for i in range(batch):
+            run()
+            ev[i + 1].record()
+        torch.cuda.synchronize()
+        state = nvml.read()
+        if state.get("bad"):
+            discarded += batch
+            reasons.update(state["bad"])
+            continue
+        clocks.append(state)
+        samples.extend(ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(batch))
+    return _summary(samples, discarded, per, clocks, reasons)
+
+
+def measure(fn: Callable[[], None], device: str, cfg, per: int = 1) -> Timing:
+    """Time `fn` (one sample's work, `per` units) on `device` ('cpu' or 'cuda')."""
+    if device.startswith("cuda"):
+        return time_cuda_graph(fn, cfg, per)
+    return time_cpu(fn, cfg, per)
