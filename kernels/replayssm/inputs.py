@@ -65,6 +65,11 @@ def gdn_step_inputs(shape: GDNShape, batch: int, T: int | None = None, act_dtype
 
 def random_state(slots: int, heads: int, rows: int, cols: int, dtype=torch.float32, device="cpu", gen=None,
                  scale: float = 0.5) -> torch.Tensor:
-    """A non-zero recurrent state [slots, heads, rows, cols]."""
-    return (torch.randn(slots, heads, rows, cols, generator=gen, dtype=torch.float64) * scale).to(
-        device=device, dtype=dtype)
+    """A non-zero recurrent state [slots, heads, rows, cols].
+
+    Drawn on the generator's device (a GPU generator makes GiB-sized states quickly), in
+    float64 only when float64 is asked for."""
+    where = gen.device if gen is not None else device
+    draw = torch.float64 if dtype == torch.float64 else torch.float32
+    s = torch.randn(slots, heads, rows, cols, generator=gen, dtype=draw, device=where)
+    return (s * scale).to(device=device, dtype=dtype)

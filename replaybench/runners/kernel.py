@@ -54,7 +54,7 @@ class Layer:
         self.batch, self.K = batch, max(flush_period, 1)
         rows, cols, heads = _state_geometry(op, dims)
         if method == "eager":
-            self.state = random_state(batch, heads, rows, cols, dtype_of(state_dtype), device, gen)
+            self.state = random_state(batch, heads, rows, cols, dtype_of(state_dtype), device, _device_gen(gen, device))
             self.rs = None
         else:
             mode = MODE_OF[method]
@@ -66,20 +66,22 @@ class Layer:
                 self.rs = GDNReplayState.allocate(batch, dims.num_k_heads, dims.num_v_heads, dims.head_k_dim,
                                                   dims.head_v_dim, buffer_len, flush_period, mode, state_dtype, lo,
                                                   act, device)
-            init = random_state(batch, heads, rows, cols, torch.float32, device, gen)
+            init = random_state(batch, heads, rows, cols, torch.float32, device, _device_gen(gen, device))
             all_slots = torch.arange(batch, device=device)
             self.rs.hi.write(all_slots, init)
             if self.rs.lo is not None:
                 self.rs.lo.write(all_slots, init)
+            dg = _device_gen(gen, device)
+            rnd = lambda t: torch.randn(t.shape, generator=dg, device=device)  # noqa: E731
+            uni = lambda t: torch.rand(t.shape, generator=dg, device=device)  # noqa: E731
             for buf in self.rs.buffers():   # never time on zeros: buffered rows hold real-looking values
-                buf.copy_((torch.randn(buf.shape, generator=gen) * 0.3).to(buf.dtype) if buf.is_floating_point()
-                          else buf)
+                buf.copy_(rnd(buf) * 0.3)
             if op == "gdn":
-                self.rs.g.copy_(torch.log(0.9 + 0.1 * torch.rand(self.rs.g.shape, generator=gen)).to(self.rs.g.dtype))
+                self.rs.g.copy_(torch.log(0.9 + 0.1 * uni(self.rs.g)))
                 if self.rs.beta is not None:
-                    self.rs.beta.uniform_(0.05, 0.95)
+                    self.rs.beta.copy_(0.05 + 0.9 * uni(self.rs.beta))
             else:
-                self.rs.dt.copy_((0.01 + 0.2 * torch.rand(self.rs.dt.shape, generator=gen)).to(self.rs.dt.dtype))
+                self.rs.dt.copy_(0.01 + 0.2 * uni(self.rs.dt))
             self.rs.cursor.copy_((torch.arange(batch, device=device) % self.K).to(torch.int32))
 
     def step(self, inp, params, idx):
@@ -94,6 +96,11 @@ class Layer:
             f = R.mamba2_replay_step if fam == "mamba2" else R.gdn_replay_step
             return f(self.rs, **inp, **params, state_indices=idx)
         return self.ops.replay_step(self.rs, **inp, **params, state_indices=idx)
+
+
+def _device_gen(gen: torch.Generator, device) -> torch.Generator:
+    """A generator on `device` seeded from `gen` (large tensors are drawn where they live)."""
+    return torch.Generator(device=device).manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
 
 
 def _state_geometry(op, dims):
