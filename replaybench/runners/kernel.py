@@ -41,7 +41,7 @@ def _ops(op: str, backend: str):
         else:
             from replayssm import gdn as m
         return m
-    raise SkipCase(f"backend {backend!r} is measured by the peers runner")
+    raise ValueError(f"unknown backend {backend!r}; allowed: reference, triton, vllm")
 
 
 class Layer:
@@ -50,10 +50,15 @@ class Layer:
     def __init__(self, op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype,
                  device, gen, act=torch.bfloat16):
         self.op, self.method, self.backend = op, method, backend
+        self.peer = None
+        if backend == "vllm":   # vLLM's own kernels, called as its layers call them
+            from . import peers
+            self.peer = peers.VllmEagerLayer(op, dims, batch, state_dtype, device, gen)
+            return
         self.ops = _ops(op, backend)
         self.batch, self.K = batch, max(flush_period, 1)
         rows, cols, heads = _state_geometry(op, dims)
-        if method == "eager":
+        if method in ("eager", "vllm-eager"):
             self.state = random_state(batch, heads, rows, cols, dtype_of(state_dtype), device, _device_gen(gen, device))
             self.rs = None
         else:
@@ -87,6 +92,8 @@ class Layer:
     def step(self, inp, params, idx):
         """One decode step; returns the output tensor."""
         fam = self.op
+        if self.peer is not None:
+            return self.peer.step(inp, params, idx)
         if self.rs is None:
             if self.ops is None:
                 f = R.mamba2_eager_step if fam == "mamba2" else R.gdn_eager_step
@@ -155,12 +162,22 @@ def layers_for(state_bytes_per_layer: float, device: str) -> int:
 
 def run(case, ctx) -> dict:
     model = get_model(case.model)
-    if case.method not in ("eager", "replay", "replay-dual", "replay-shared-low"):
+    if case.method not in ("eager", "replay", "replay-dual", "replay-shared-low", "vllm-eager"):
         raise SkipCase(f"method {case.method!r} is not measured by the kernel runner yet")
     device = ctx.device
     dims, op = model.ssm, model.op
     traffic = step_traffic(case, model)
-    check = check_against_reference(case, model, device) if case.backend != "reference" else float("nan")
+    if case.backend == "vllm":
+        from . import peers
+        if not peers.vllm_available():
+            raise SkipCase("vLLM is not importable here")
+        check = peers.check_vllm_layer(op, dims, min(case.batch, 8), case.state_dtype, device)
+        if check > CHECK_TOL.get(case.state_dtype, 3e-2):
+            raise AssertionError(f"vLLM kernel output differs from the reference: rel err {check:.3g}")
+    elif case.backend == "reference":
+        check = float("nan")    # the reference is the oracle; its exactness is tested in tests/
+    else:
+        check = check_against_reference(case, model, device)
     gen = torch.Generator().manual_seed(case.seed)
     state_bytes = traffic.parts["state_read"] + traffic.parts["state_write"]
     nl = layers_for(state_bytes / 2, device)
