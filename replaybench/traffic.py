@@ -174,7 +174,9 @@ def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str,
 
 def step_traffic(case, model, act_bytes: int = 2, accepted: float | None = None) -> Traffic:
     """Traffic of one step of one layer for a sweep case (replaybench.scenario.Case)."""
-    lb = layer_bytes_for(model.op, model.ssm, case.method, case.state_dtype, case.lo_dtype, act_bytes)
+    # vLLM's Mamba-2 layer applies the z gate in its gated RMSNorm, not in the SSM kernel
+    gate = not case.method.startswith("vllm-")
+    lb = layer_bytes_for(model.op, model.ssm, case.method, case.state_dtype, case.lo_dtype, act_bytes, gate)
     if case.method in EAGER_METHODS:
         return eager_traffic(lb, case.batch)
     if case.method in REPLAY_METHODS:
