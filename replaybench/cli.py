@@ -1,0 +1,219 @@
+"""``replaybench sweep | report | check | models | env``.
+
+Exit codes: 0 ok; 1 failure (regression in ``check``, report failure, error rows
+with --fail-on-error); 2 bad input (scenario errors, unknown run, runner not
+available) -- nothing is written then; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CPU_SCENARIO = "scenarios/smoke.toml"
+DEFAULT_GPU_SCENARIO = "scenarios/h200-default.toml"
+
+
+def _err(msg: str) -> None:
+    print(f"replaybench: {msg}", file=sys.stderr)
+
+
+def locate(path: str) -> Path:
+    """A file path relative to CWD, falling back to the repository root; a bare
+    name like 'smoke' also finds scenarios/smoke.toml."""
+    cands = [Path(path)]
+    if not Path(path).is_absolute():
+        cands.append(REPO_ROOT / path)
+        if not path.endswith(".toml") and "/" not in path:
+            cands += [Path("scenarios") / f"{path}.toml", REPO_ROOT / "scenarios" / f"{path}.toml"]
+    for c in cands:
+        if c.is_file():
+            return c
+    return Path(path)
+
+
+def default_scenario() -> Path:
+    gpu = locate(DEFAULT_GPU_SCENARIO)
+    if gpu.is_file():
+        try:
+            import torch
+            if torch.cuda.is_available():
+                return gpu
+        except Exception:
+            pass
+    return locate(DEFAULT_CPU_SCENARIO)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="replaybench", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("sweep", help="run (or resume) a scenario")
+    s.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/smoke.toml "
+                   "without a GPU, scenarios/h200-default.toml with one if it exists)")
+    s.add_argument("--dry-run", action="store_true", help="print the plan; write nothing")
+    s.add_argument("--run-id", help="run id (default: derived from scenario + device; same "
+                   "command resumes the same run)")
+    s.add_argument("--new", action="store_true", help="start a fresh run (timestamped id)")
+    s.add_argument("--results-dir", default="results")
+    s.add_argument("--reports-dir", default="reports")
+    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    s.add_argument("--no-ceilings", action="store_true",
+                   help="skip measuring copy/read/matmul ceilings (pct_copy_bw stays empty)")
+    s.add_argument("--retry-errors", action="store_true", help="redo cases whose row is an error")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--fail-on-error", action="store_true", help="exit 1 if any row is an error")
+
+    r = sub.add_parser("report", help="regenerate reports/<run-id>/ from stored rows")
+    r.add_argument("run", help="run id (under --results-dir) or run directory")
+    r.add_argument("--results-dir", default="results")
+    r.add_argument("--reports-dir", default="reports")
+
+    c = sub.add_parser("check", help="regression gate: compare NEW against BASE")
+    c.add_argument("base")
+    c.add_argument("new")
+    c.add_argument("--threshold", type=float, default=0.05,
+                   help="relative slowdown tolerated (default 0.05 = 5%%)")
+    c.add_argument("--allow-device-mismatch", action="store_true")
+    c.add_argument("--results-dir", default="results")
+
+    m = sub.add_parser("models", help="print the model table")
+    m.add_argument("names", nargs="*", help="models to show (scaled names like "
+                   "'nemotron-3-nano-4b@d0.5w2' allowed); default all")
+
+    e = sub.add_parser("env", help="device info and versions")
+    e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    e.add_argument("--ceilings", action="store_true", help="also measure the ceilings")
+    e.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    # CPU: the Triton interpreter must be on before any Triton kernel is imported
+    if getattr(args, "device", None) == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return {"sweep": cmd_sweep, "report": cmd_report, "check": cmd_check,
+                "models": cmd_models, "env": cmd_env}[args.cmd](args, argv)
+    except KeyboardInterrupt:
+        _err("interrupted; rerun the same command to resume")
+        return 130
+
+
+def cmd_sweep(args, argv) -> int:
+    from .scenario import ScenarioError, load_scenario
+    path = locate(args.scenario) if args.scenario else default_scenario()
+    try:
+        scenario = load_scenario(path)
+    except ScenarioError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    from .runners import RunnerError
+    from .store import StoreError
+    from .sweep import choose_run_id, run_sweep, setup_device_env
+    try:
+        dev = setup_device_env(args.device)
+    except RuntimeError as e:
+        _err(str(e))
+        return 2
+    if args.dry_run:
+        from .hardware import device_info
+        from .store import RunStore
+        info = device_info(dev)
+        try:
+            rid = choose_run_id(scenario, info, args.run_id, args.new)
+        except StoreError as e:
+            _err(str(e))
+            return 2
+        store = RunStore(Path(args.results_dir) / rid)
+        done = store.done_case_ids() if store.rows_path.exists() else set()
+        print(scenario.plan_text())
+        print(f"device: {dev} ({info.get('name')})")
+        print(f"run id: {rid} -> {store.run_dir}"
+              + (f" (exists: {len(done & {c.case_id for c in scenario.cases})} case(s) done)"
+                 if store.manifest_path.exists() else " (new)"))
+        return 0
+    try:
+        res = run_sweep(scenario, device=dev, results_dir=args.results_dir,
+                        reports_dir=args.reports_dir, run_id=args.run_id, new=args.new,
+                        argv=["replaybench"] + argv, report=not args.no_report,
+                        progress=not args.no_progress, measure_ceilings=not args.no_ceilings,
+                        retry_errors=args.retry_errors)
+    except (RunnerError, StoreError) as e:
+        _err(str(e))
+        return 2
+    c = res.counts
+    print(f"run {res.run_id}: {c.get('ok', 0)} ok, {c.get('error', 0)} error, "
+          f"{c.get('skipped', 0)} skipped ({res.ran} run now, {res.already_done} already done)"
+          f" -> {res.run_dir}")
+    if res.report_dir:
+        print(f"report: {res.report_dir / 'report.md'} and report.html")
+    if res.report_error:
+        _err(f"report failed: {res.report_error} (rows are safe; see {res.run_dir / 'errors.log'})")
+        return 1
+    if args.fail_on_error and c.get("error", 0):
+        return 1
+    return 0
+
+
+def cmd_report(args, argv) -> int:
+    from .report import write_report
+    from .store import StoreError
+    try:
+        out = write_report(args.run, reports_dir=args.reports_dir, results_dir=args.results_dir)
+    except StoreError as e:
+        _err(str(e))
+        return 2
+    print(f"report: {out / 'report.md'} and {out / 'report.html'}")
+    return 0
+
+
+def cmd_check(args, argv) -> int:
+    from .check import run_check
+    if args.threshold < 0:
+        _err("--threshold must be >= 0")
+        return 2
+    return run_check(args.base, args.new, threshold=args.threshold,
+                     allow_device_mismatch=args.allow_device_mismatch,
+                     results_dir=args.results_dir).exit_code
+
+
+def cmd_models(args, argv) -> int:
+    from .models import models_table
+    try:
+        print(models_table(args.names or None))
+    except ValueError as e:
+        _err(str(e))
+        return 2
+    return 0
+
+
+def cmd_env(args, argv) -> int:
+    from .hardware import device_info, measure_ceilings, versions
+    try:
+        info = {"device": device_info(args.device), "versions": versions(),
+                "env": {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")}}
+        if args.ceilings:
+            info["ceilings"] = measure_ceilings(info["device"]["torch_device"])
+    except RuntimeError as e:
+        _err(str(e))
+        return 2
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        for section, d in info.items():
+            print(f"[{section}]")
+            for k, v in d.items():
+                print(f"  {k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

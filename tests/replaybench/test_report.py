@@ -1,0 +1,122 @@
+import re
+
+import pytest
+
+from replaybench.report import speedup_table, write_report
+from replaybench.store import RunStore
+
+CPU_DEVICE = {"kind": "cpu", "name": "Test CPU 9000", "label": "cpu", "torch_threads": 2}
+GPU_DEVICE = {"kind": "cuda", "name": "NVIDIA H200", "label": "NVIDIA H200", "uuid": "GPU-1234",
+              "driver": "999.1", "cuda_driver_version": "13.0", "power_limit_w": 700.0,
+              "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "mem_clock_mhz": 3201,
+              "max_mem_clock_mhz": 3201, "compute_capability": "9.0", "multiprocessors": 132}
+
+
+def make_run(tmp_path, device=CPU_DEVICE, run_id="synthetic", rows=None):
+    manifest = {"run_id": run_id, "created": "2026-01-01T00:00:00+00:00",
+                "scenario": {"name": "syn", "path": "syn.toml", "sha256": "f" * 64, "runner": "kernel",
+                             "n_cases": 0},
+                "device": device, "versions": {"python": "3.11", "torch": "2.13", "triton": "3.6",
+                                               "vllm": None},
+                "env": {"TRITON_INTERPRET": "1" if device["kind"] == "cpu" else None},
+                "ceilings": {"copy_gbps": 20.0, "read_gbps": 21.0, "matmul_tflops": 0.1,
+                             "matmul_dtype": "float32"},
+                "git": {"sha": "deadbeef", "dirty": True}, "sessions": []}
+    st = RunStore.create_or_resume(tmp_path / "results", run_id, manifest)
+    for r in rows if rows is not None else synthetic_rows(device["label"]):
+        st.append(r)
+    st.unlock()
+    return st
+
+
+def synthetic_rows(device="cpu"):
+    rows = []
+    for model, op in (("tiny-mamba2", "mamba2"), ("tiny-gdn", "gdn")):
+        for backend in ("reference", "triton"):
+            for batch in (1, 4, 16):
+                def add(method, L, K, state, lo, med, status="ok", error=None):
+                    cid = f"{model}/{method}/{backend}/b{batch}/L{L}/K{K}/T0/{state}/{lo}"
+                    rows.append({"run_id": "synthetic", "case_id": cid, "runner": "kernel",
+                                 "model": model, "op": op, "method": method, "backend": backend,
+                                 "batch": batch, "buffer_len": L, "flush_period": K, "spec_window": 0,
+                                 "state_dtype": state, "lo_dtype": lo, "device": device,
+                                 "median_us": med if status == "ok" else None,
+                                 "iqr_us": 0.02 * med if status == "ok" else None,
+                                 "samples": 10, "bytes_model": 1000.0 * batch * (2 if method == "eager" else 1.1),
+                                 "gbps": None, "pct_copy_bw": None, "status": status, "error": error})
+                eager = 10.0 * batch
+                add("eager", 0, 0, "float32", "none", eager)
+                for L, K in ((8, 8), (16, 8), (16, 16)):
+                    add("replay", L, K, "float32", "none", eager / (1.2 + 0.01 * K))
+                    add("replay-dual", L, K, "float32", "bfloat16", eager / 1.5)
+                    add("replay-shared-low", L, K, "bfloat16", "bfloat16", eager / 1.6,
+                        status="error" if (batch == 1 and L == 8 and backend == "triton") else "ok",
+                        error="CompilationError: boom <b>|pipe" if (batch == 1 and L == 8 and backend == "triton") else None)
+    return rows
+
+
+def test_report_files_and_content(tmp_path):
+    st = make_run(tmp_path)
+    out = write_report("synthetic", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
+    assert out == tmp_path / "reports" / "synthetic"
+    for stem in ("time_vs_batch", "bytes_per_step", "speedup_tiny-mamba2", "speedup_tiny-gdn"):
+        for ext in ("png", "svg"):
+            f = out / f"{stem}.{ext}"
+            assert f.exists() and f.stat().st_size > 5000, f
+        assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    # CPU runs are labelled as such, with the CPU name
+    assert "CPU run" in md and "NOT GPU performance" in md and "Test CPU 9000" in md
+    assert "CPU run" in html and "Test CPU 9000" in html
+    # self-contained html: every image inlined
+    imgs = re.findall(r"<img[^>]*src='([^']*)'", html)
+    assert len(imgs) == 4 and all(s.startswith("data:image/png;base64,") for s in imgs)
+    # all rows are in the tables, errors with their (escaped) message
+    n = len(synthetic_rows())
+    assert f"All rows ({n})" in md and f"All rows ({n})" in html
+    assert "Errors (2)" in md
+    assert "CompilationError: boom <b>\\|pipe" in md
+    assert "CompilationError: boom &lt;b&gt;|pipe" in html
+    assert "deadbeef (dirty)" in md and "copy 20 GB/s" in md
+    # parquet / csv re-materialised from the jsonl log by report
+    assert st.parquet_path.exists() and st.csv_path.exists()
+
+
+def test_speedups_from_same_run_rows(tmp_path):
+    st = make_run(tmp_path)
+    sp = speedup_table(st.dataframe())
+    r = sp[(sp.model == "tiny-gdn") & (sp.method == "replay") & (sp.backend == "triton")
+           & (sp.batch == 16) & (sp.buffer_len == 16) & (sp.flush_period == 16)]
+    assert len(r) == 1 and r["speedup"].iloc[0] == pytest.approx(1.2 + 0.16)
+    d = sp[(sp.method == "replay-dual")]
+    assert d["speedup"].round(9).unique().tolist() == [1.5]
+    # shared-low (bfloat16 state) falls back to eager float32, labelled
+    s = sp[sp.method == "replay-shared-low"]
+    assert set(s["eager_state_dtype"]) == {"float32"} and len(s) == 2 * 2 * 3 * 3 - 2
+    assert s["speedup"].round(9).unique().tolist() == [1.6]
+
+
+def test_gpu_header_and_rerun_removes_stale_figures(tmp_path):
+    rows = [r for r in synthetic_rows("NVIDIA H200") if r["model"] == "tiny-gdn"
+            and r["backend"] == "triton" and r["method"] in ("eager", "replay")]
+    make_run(tmp_path, device=GPU_DEVICE, run_id="gpu", rows=rows)
+    out = tmp_path / "reports" / "gpu"
+    out.mkdir(parents=True)
+    (out / "speedup_old-model.png").write_bytes(b"x")
+    write_report(tmp_path / "results" / "gpu", reports_dir=tmp_path / "reports")
+    md = (out / "report.md").read_text()
+    assert "CPU run" not in md and "NVIDIA H200" in md and "GPU-1234" in md
+    assert "999.1" in md and "700.0 W" in md and "1980" in md
+    assert not (out / "speedup_old-model.png").exists()
+
+
+def test_report_with_only_errors_or_no_rows(tmp_path):
+    rows = [r for r in synthetic_rows() if r["status"] == "error"]
+    make_run(tmp_path, run_id="errs", rows=rows)
+    out = write_report("errs", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
+    assert (out / "time_vs_batch.png").exists() and (out / "report.html").exists()
+    assert "Errors (2)" in (out / "report.md").read_text()
+    make_run(tmp_path, run_id="empty", rows=[])
+    out = write_report("empty", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
+    assert "All rows (0)" in (out / "report.md").read_text()
