@@ -1,0 +1,142 @@
+"""Public Gated DeltaNet decode ops: eager baseline and ReplaySSM (replay, flush, verify, commit).
+
+Every op takes ``backend="triton"`` (default: the kernels in replayssm.triton.gdn) or
+``backend="reference"`` (the exact PyTorch oracle in replayssm.reference); both have the
+semantics documented in reference.py, with the same argument names and shapes:
+
+    q, k [b, Hk, dk]; v [b, Hv, dv]; g [b, Hv] (log alpha); beta [b, Hv]
+    state [S, Hv, dv, dk]; state_indices [b] int32 (negative = padded row: output 0, no I/O)
+    verify: q/k [b, T, Hk, dk], v [b, T, Hv, dv], g/beta [b, T, Hv]; accepted [b] (0..T)
+
+Triton ops are CUDA-graph capturable: fixed grids, every per-sequence decision (flush or not,
+cursor moves, commit flushes) is made on the device, no host sync. Exception: when a
+ByteCounter is attached (``rs.counter`` / ``counter=``) the triton path reads the cursors on
+the host to count bytes like the reference does; do not attach one while capturing.
+``out`` (optional) receives the output (every element is written, padded rows get 0).
+``config`` (triton only) overrides the launch table (see triton.gdn.CONFIGS), for tuning.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import reference as ref
+from .state import ByteCounter, GDNReplayState
+
+BACKENDS = ("triton", "reference")
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+
+
+def _kernels():
+    from .triton import gdn as tk  # imported lazily: the reference backend needs no triton
+    return tk
+
+
+def _into(out, o):
+    if out is None:
+        return o
+    out.copy_(o)
+    return out
+
+
+def _live(state_indices, batch, device):
+    rows, slots = ref.live_rows(state_indices, batch, device)
+    return rows, slots
+
+
+def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, scale=None,
+               counter: ByteCounter | None = None, *, backend: str = "triton", out=None, config=None):
+    """One eager step: reads and writes state [S, Hv, dv, dk] in place. Returns o [b, Hv, dv]."""
+    _check_backend(backend)
+    if backend == "reference":
+        return _into(out, ref.gdn_eager_step(state, q, k, v, g, beta, state_indices, scale, counter))
+    o = _kernels().eager_step(state, q, k, v, g, beta, state_indices, scale, out, config)
+    if counter is not None:
+        n = len(_live(state_indices, v.shape[0], v.device)[0])
+        sb = state[0].numel() * state.element_size()
+        counter.ckpt_read += n * sb
+        counter.ckpt_write += n * sb
+        counter.io_read += n * ref._gdn_io_bytes(q, k, v, g, beta)
+        counter.io_write += n * v[0].numel() * v.element_size()
+        counter.steps += 1
+    return o
+
+
+def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, *,
+                backend: str = "triton", out=None, config=None):
+    """One ReplaySSM step (output-only route; fused flush where cursor + 1 >= K). Returns o [b, Hv, dv]."""
+    _check_backend(backend)
+    if backend == "reference":
+        return _into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))
+    if rs.counter is not None:
+        _count_replay(rs, q, k, v, g, beta, state_indices)
+    return _kernels().replay_step(rs, q, k, v, g, beta, state_indices, scale, out, config)
+
+
+def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backend: str = "triton", config=None) -> None:
+    """Fold every committed entry of `slots` (default: all slots; those with cursor 0 are left alone)."""
+    _check_backend(backend)
+    if backend == "reference":
+        return ref.gdn_flush(rs, slots)
+    if rs.counter is not None:
+        s = ref._flush_slots(rs, slots)
+        n = rs.cursor[s].long()
+        rs.count(ckpt_read=len(s) * rs.hi.bytes_per_slot(), buf_read=int(n.sum()) * rs.buffer_row_bytes(),
+                 ckpt_write=len(s) * rs.state_bytes_per_slot())
+    if slots is not None:
+        slots = slots.to(device=rs.cursor.device, dtype=torch.int32)
+    _kernels().flush(rs, slots, config)
+
+
+def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, *,
+           backend: str = "triton", out=None, config=None):
+    """Outputs of T drafts from checkpoint + buffer, no per-draft state; drafts are written at
+    cursor..cursor+T-1, the cursor does not move. Returns o [b, T, Hv, dv]."""
+    _check_backend(backend)
+    if backend == "reference":
+        return _into(out, ref.gdn_verify(rs, q, k, v, g, beta, state_indices, scale))
+    if rs.counter is not None:
+        rows, slots = _live(state_indices, v.shape[0], v.device)
+        n = rs.cursor[slots].long()
+        rb = rs.buffer_row_bytes()
+        rs.count(ckpt_read=len(rows) * rs.read_ckpt.bytes_per_slot(), buf_read=int(n.sum()) * rb,
+                 buf_write=len(rows) * v.shape[1] * rb, io_read=len(rows) * ref._gdn_io_bytes(q, k, v, g, beta),
+                 io_write=len(rows) * v[0].numel() * v.element_size())
+    return _kernels().verify(rs, q, k, v, g, beta, state_indices, scale, out, config)
+
+
+def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, backend: str = "triton",
+           config=None) -> None:
+    """Accept `accepted[b]` drafts per row (a cursor move) and flush sequences whose cursor
+    reached the flush period; on the triton backend the decision is made on the device."""
+    _check_backend(backend)
+    if backend == "reference":
+        return ref.gdn_commit(rs, accepted, state_indices)
+    if rs.counter is not None:
+        rows, slots = _live(state_indices, accepted.shape[0], accepted.device)
+        n = rs.cursor[slots].long() + accepted[rows].long()
+        due = n >= rs.flush_period
+        rs.count(ckpt_read=int(due.sum()) * rs.hi.bytes_per_slot(),
+                 buf_read=int(n[due].sum()) * rs.buffer_row_bytes(),
+                 ckpt_write=int(due.sum()) * rs.state_bytes_per_slot())
+    _kernels().commit(rs, accepted, state_indices, config)
+
+
+def _count_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices) -> None:
+    """Same byte accounting as reference.gdn_replay_step (host sync: not for graph capture)."""
+    rows, slots = _live(state_indices, v.shape[0], v.device)
+    if len(rows) == 0:
+        return
+    n = rs.cursor[slots].long()
+    f = n + 1 >= rs.flush_period
+    nf, nflush = int((~f).sum()), int(f.sum())
+    rb = rs.buffer_row_bytes()
+    rs.count(ckpt_read=nf * rs.read_ckpt.bytes_per_slot() + nflush * rs.hi.bytes_per_slot(),
+             buf_read=int(n.sum()) * rb, buf_write=nf * rb,
+             io_read=len(rows) * ref._gdn_io_bytes(q, k, v, g, beta),
+             io_write=len(rows) * v[0].numel() * v.element_size(),
+             ckpt_write=nflush * rs.state_bytes_per_slot())
+    rs.counter.steps += 1

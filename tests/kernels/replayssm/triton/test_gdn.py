@@ -1,0 +1,444 @@
+"""Gated DeltaNet Triton kernels (replayssm.gdn, backend='triton') against the exact reference.
+
+On a CPU-only machine the kernels run under TRITON_INTERPRET=1 (conftest.py) at tiny shapes
+(non-power-of-2 dk/dv, GQA, several dv tiles and buffer chunks via launch-config overrides);
+on CUDA the same tests run on the GPU, plus the real Qwen3.5 dims at batch 1..512 and
+CUDA-graph capture/replay over >= 64 steps spanning flushes. A CPU-side test compiles every
+kernel for sm_90 (Triton's bundled ptxas) and checks registers/spills.
+
+The reference runs in float32 on the same inputs, on a deep copy of the same state.
+Outputs are written into NaN-poisoned tensors, so an element the kernel forgets fails.
+Low-precision checkpoints are compared within one rounding step of their dtype and then
+re-synchronised (kernel -> reference) so that a single rounding flip cannot cascade; every
+output is still held to the fp32 tolerance.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from replayssm import gdn as GD
+from replayssm import inputs as I
+from replayssm import reference as R
+from replayssm.state import ByteCounter, GDNReplayState
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+TOL_F32 = 1e-4        # fp32 outputs / state (the output-only route reorders sums)
+TOL_BF16_OUT = 8e-3   # bf16 outputs: one bf16 rounding (2^-8) relative to the largest element
+ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float8_e4m3fn: 2.0 ** -4}  # half ulp
+
+TINY = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=5)
+GQA = I.GDNShape(num_k_heads=2, num_v_heads=4, head_k_dim=12, head_v_dim=10)   # 2 value heads per key head
+# forces several dv tiles and buffer chunks at the tiny shapes (on CUDA too)
+SMALL_TILES = {"BLOCK_V": 4, "BLOCK_L": 2}
+
+
+# ----------------------------------------------------------------------------- helpers
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|; a non-finite kernel value fails."""
+    a, b = a.double(), b.double().to(a.device)
+    assert torch.isfinite(a).all(), "non-finite values in the kernel result (unwritten element?)"
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def out_tol(act) -> float:
+    return TOL_F32 if act in (torch.float32, torch.float64) else TOL_BF16_OUT
+
+
+def poisoned(like: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(like, float("nan"))
+
+
+def step_inputs(shape, batch, act, g, T=None):
+    return {k: v.to(DEV) for k, v in I.gdn_step_inputs(shape, batch, T=T, act_dtype=act, gen=g).items()}
+
+
+def make_pair(shape, slots, L, K, mode="replay", state_dtype="float32", lo_dtype=None, act=torch.float32,
+              g=None, cursor_hi=None):
+    """(kernel state, reference state): identical, with a random checkpoint, random cursors in
+    [0, cursor_hi] (default K-1) and every buffer row filled with finite values (rows past a
+    cursor are garbage that must be ignored)."""
+    Hk, Hv, dk, dv = shape.num_k_heads, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim
+    rs = GDNReplayState.allocate(slots, Hk, Hv, dk, dv, L, K, mode=mode, state_dtype=state_dtype,
+                                 lo_dtype=lo_dtype, act_dtype=act, device=DEV)
+    every = torch.arange(slots, device=DEV)
+    s0 = I.random_state(slots, Hv, dv, dk, device=DEV, gen=g)
+    rs.hi.write(every, s0)
+    if rs.lo is not None:
+        rs.lo.write(every, s0)
+    hi = K - 1 if cursor_hi is None else cursor_hi
+    rs.cursor.copy_(torch.randint(0, hi + 1, (slots,), generator=g).to(torch.int32))
+    rnd = lambda t, s=1.0: torch.randn(t.shape, generator=g, dtype=torch.float64).mul(s).to(t.dtype)  # noqa: E731
+    uni = lambda t: torch.rand(t.shape, generator=g, dtype=torch.float64)  # noqa: E731
+    rs.u.copy_(rnd(rs.u, 0.3))
+    rs.k.copy_(rnd(rs.k))
+    rs.g.copy_(torch.log(0.9 + 0.1 * uni(rs.g)).to(rs.g.dtype))
+    if rs.v is not None:
+        rs.v.copy_(rnd(rs.v))
+        rs.beta.copy_((0.05 + 0.9 * uni(rs.beta)).to(rs.beta.dtype))
+    return rs, copy.deepcopy(rs)
+
+
+def ckpt_check(a, b, what: str) -> None:
+    """Kernel checkpoint a vs reference b (state.Checkpoint), dequantised; low precision:
+    every element within one rounding step (+ a tiny slack for the fp32 sum order)."""
+    every = torch.arange(a.data.shape[0], device=a.data.device)
+    x, y = a.read(every, torch.float32).double(), b.read(every, torch.float32).double()
+    assert torch.isfinite(x).all(), f"{what}: non-finite"
+    if a.data.dtype in (torch.float32, torch.float64):
+        assert rel_err(x, y) <= TOL_F32, f"{what}: rel err {rel_err(x, y):.3g}"
+        return
+    slack = 1e-5 * y.abs().amax(dim=-1, keepdim=True)
+    step = 2 * ULP[a.data.dtype] * y.abs()
+    if a.scale is not None:   # fp8: subnormal spacing of the row scale, and the scale itself
+        step = step + b.scale.double()[..., None] * 2.0 ** -9
+        assert rel_err(a.scale, b.scale) <= 1e-5, f"{what}: fp8 scales differ"
+    bad = (x - y).abs() > step + slack
+    assert not bad.any(), f"{what}: {int(bad.sum())} elements off by more than one rounding step"
+
+
+def resync(rs, rr) -> None:
+    """Copy the kernel's low-precision checkpoints into the reference (after checking them)."""
+    for a, b in ((rs.hi, rr.hi), (rs.lo, rr.lo)):
+        if a is not None and a.data.dtype not in (torch.float32, torch.float64):
+            b.data.copy_(a.data)
+            if a.scale is not None:
+                b.scale.copy_(a.scale)
+
+
+def state_check(rs, rr, what: str) -> None:
+    assert torch.equal(rs.cursor, rr.cursor), f"{what}: cursor {rs.cursor.tolist()} != {rr.cursor.tolist()}"
+    ckpt_check(rs.hi, rr.hi, f"{what}: hi")
+    if rs.lo is not None:
+        ckpt_check(rs.lo, rr.lo, f"{what}: lo")
+    for name in ("k", "g", "v", "beta"):
+        a, b = getattr(rs, name), getattr(rr, name)
+        if a is not None:
+            assert torch.equal(a, b), f"{what}: buffer {name} differs"
+    assert rel_err(rs.u, rr.u) <= TOL_F32, f"{what}: buffer u rel err {rel_err(rs.u, rr.u):.3g}"
+    resync(rs, rr)
+
+
+def random_rows(slots: int, batch: int, g, pad_p: float = 0.25) -> torch.Tensor:
+    """state_indices: distinct slots, some rows padded (-1)."""
+    idx = torch.randperm(slots, generator=g)[:batch].to(torch.int32)
+    idx[torch.rand(batch, generator=g) < pad_p] = -1
+    return idx.to(DEV)
+
+
+# ----------------------------------------------------------------------------- eager
+@pytest.mark.parametrize("state_dtype,act", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                             (torch.float16, torch.float32)], ids=["f32", "bf16", "f16-state"])
+def test_eager_matches_reference(state_dtype, act):
+    g = gen(1)
+    sh = GQA
+    Hk, Hv, dk, dv = sh.num_k_heads, sh.num_v_heads, sh.head_k_dim, sh.head_v_dim
+    st = I.random_state(6, Hv, dv, dk, dtype=state_dtype, device=DEV, gen=g)
+    st_ref = st.clone()
+    idx = torch.tensor([4, -1, 0, 2], dtype=torch.int32, device=DEV)
+    for step in range(2):
+        x = step_inputs(sh, 4, act, g)
+        if step == 1:   # strided q/k/v views of one packed projection, as the decode layer passes them
+            packed = torch.cat([x["q"].flatten(1), x["k"].flatten(1), x["v"].flatten(1)], 1)
+            x["q"] = packed[:, :Hk * dk].view(4, Hk, dk)
+            x["k"] = packed[:, Hk * dk:2 * Hk * dk].view(4, Hk, dk)
+            x["v"] = packed[:, 2 * Hk * dk:].view(4, Hv, dv)
+        out = poisoned(torch.empty(4, Hv, dv, dtype=act, device=DEV))
+        o = GD.eager_step(st, **x, state_indices=idx, out=out, config={"BLOCK_V": 4})
+        o_ref = R.gdn_eager_step(st_ref, **x, state_indices=idx)
+        assert o is out
+        assert rel_err(o, o_ref) <= out_tol(act), f"step {step}: {rel_err(o, o_ref):.3g}"
+        assert (o[1] == 0).all(), "padded row must be 0"
+        if state_dtype == torch.float32:
+            assert rel_err(st, st_ref) <= TOL_F32
+        else:
+            bad = (st.double() - st_ref.double()).abs() > 2 * ULP[state_dtype] * st_ref.double().abs() + 1e-6
+            assert not bad.any()
+            st_ref.copy_(st)
+        assert torch.equal(st[[1, 3, 5]], st_ref[[1, 3, 5]]), "untouched slots changed"
+
+
+def test_eager_default_config_and_no_indices():
+    g = gen(2)
+    st = I.random_state(3, TINY.num_v_heads, TINY.head_v_dim, TINY.head_k_dim, device=DEV, gen=g)
+    st_ref = st.clone()
+    x = step_inputs(TINY, 3, torch.float32, g)
+    o = GD.eager_step(st, **x, scale=0.3)
+    o_ref = R.gdn_eager_step(st_ref, **x, scale=0.3)
+    assert rel_err(o, o_ref) <= TOL_F32 and rel_err(st, st_ref) <= TOL_F32
+
+
+# ----------------------------------------------------------------------------- replay
+REPLAY_CASES = [
+    # id, shape, mode, state_dtype, lo_dtype, act, L, K, config
+    ("f32-chunks", TINY, "replay", "float32", None, torch.float32, 6, 6, {"BLOCK_L": 2}),   # 3 chunks
+    ("f32-gqa-tiles", GQA, "replay", "float32", None, torch.float32, 4, 4, SMALL_TILES),
+    ("bf16-state", TINY, "replay", "bfloat16", None, torch.bfloat16, 4, 3, None),
+    ("dual-bf16", TINY, "dual", "float32", "bfloat16", torch.float32, 4, 3, {"BLOCK_L": 2}),
+    ("dual-f16-KeqL", TINY, "dual", "float32", "float16", torch.bfloat16, 3, 3, None),
+    ("dual-fp8", TINY, "dual", "float32", "float8_e4m3", torch.float32, 4, 3, {"BLOCK_V": 4}),
+    ("shared-bf16", TINY, "shared-low", "float32", "bfloat16", torch.float32, 4, 3, None),
+    ("shared-fp8", TINY, "shared-low", "float32", "float8_e4m3", torch.float32, 4, 3, None),
+]
+
+
+@pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
+def test_replay_matches_reference(case):
+    name, sh, mode, sd, lo, act, L, K, cfg = case
+    g = gen(3)
+    slots = 4
+    batch = 2 if sh is GQA else 3
+    rs, rr = make_pair(sh, slots, L, K, mode, sd, lo, act, g)
+    flushes = 0
+    for step in range(12 if sh is TINY else 8):
+        idx = random_rows(slots, batch, g)
+        x = step_inputs(sh, batch, act, g)
+        live = idx[idx >= 0].long()
+        flushes += int((rr.cursor[live] + 1 >= K).sum())
+        out = poisoned(x["v"])
+        o = GD.replay_step(rs, **x, state_indices=idx, out=out, config=cfg)
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+        assert rel_err(o, o_ref) <= out_tol(act), f"{name} step {step}: {rel_err(o, o_ref):.3g}"
+        assert (o[idx < 0] == 0).all()
+        state_check(rs, rr, f"{name} step {step}")
+    assert flushes >= 3, f"only {flushes} flush steps exercised"
+
+
+def test_replay_counts_bytes_like_reference():
+    g = gen(4)
+    rs, rr = make_pair(TINY, 3, 4, 3, "dual", "float32", "bfloat16", torch.float32, g)
+    rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    for _ in range(3):
+        idx = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
+        x = step_inputs(TINY, 3, torch.float32, g)
+        GD.replay_step(rs, **x, state_indices=idx)
+        R.gdn_replay_step(rr, **x, state_indices=idx)
+    GD.flush(rs)
+    R.gdn_flush(rr)
+    assert rs.counter == rr.counter
+
+
+def test_reference_backend_dispatch():
+    g = gen(5)
+    rs, rr = make_pair(TINY, 2, 4, 3, g=g)
+    x = step_inputs(TINY, 2, torch.float32, g)
+    out = poisoned(x["v"])
+    o = GD.replay_step(rs, **x, backend="reference", out=out)
+    o_ref = R.gdn_replay_step(rr, **x)
+    assert o is out and torch.equal(o, o_ref)
+    with pytest.raises(ValueError, match="backend"):
+        GD.flush(rs, backend="cuda")
+
+
+# ----------------------------------------------------------------------------- flush
+@pytest.mark.parametrize("mode,sd,lo", [("replay", "float32", None), ("dual", "float32", "float8_e4m3"),
+                                        ("shared-low", "float32", "bfloat16")], ids=["f32", "dual-fp8", "shared-bf16"])
+def test_flush_matches_reference(mode, sd, lo):
+    g = gen(6)
+    rs, rr = make_pair(TINY, 5, 5, 5, mode, sd, lo, torch.float32, g, cursor_hi=4)
+    rs.cursor[1] = rr.cursor[1] = 0          # nothing to fold
+    rs.cursor[2] = rr.cursor[2] = 4
+    some = torch.tensor([2, 1, 4], device=DEV)
+    GD.flush(rs, some, config={"BLOCK_V": 4})
+    R.gdn_flush(rr, some)
+    state_check(rs, rr, "flush(slots)")
+    GD.flush(rs)
+    R.gdn_flush(rr)
+    state_check(rs, rr, "flush(all)")
+    assert (rs.cursor == 0).all()
+
+
+# ----------------------------------------------------------------------------- verify + commit
+VERIFY_CASES = [
+    # id, shape, mode, state_dtype, lo_dtype, act, T, K, L, config
+    ("f32-T3", TINY, "replay", "float32", None, torch.float32, 3, 5, 8, SMALL_TILES),   # 4 chunks
+    ("dual-bf16-T4", TINY, "dual", "float32", "bfloat16", torch.float32, 4, 4, 8, None),
+    ("shared-fp8-T1", TINY, "shared-low", "float32", "float8_e4m3", torch.float32, 1, 2, 3, None),
+    ("f32-gqa-T2", GQA, "replay", "float32", None, torch.bfloat16, 2, 3, 5, {"BLOCK_V": 8}),
+]
+
+
+@pytest.mark.parametrize("case", VERIFY_CASES, ids=[c[0] for c in VERIFY_CASES])
+def test_verify_commit_match_reference(case):
+    name, sh, mode, sd, lo, act, T, K, L, cfg = case
+    g = gen(7)
+    slots, batch = 4, (2 if sh is GQA else 3)
+    rs, rr = make_pair(sh, slots, L, K, mode, sd, lo, act, g)
+    flushes = 0
+    for cyc in range(6):
+        idx = random_rows(slots, batch, g).long()     # int64 indices are accepted too
+        x = step_inputs(sh, batch, act, g, T=T)
+        out = poisoned(x["v"])
+        o = GD.verify(rs, **x, state_indices=idx, out=out, config=cfg)
+        o_ref = R.gdn_verify(rr, **x, state_indices=idx)
+        assert rel_err(o, o_ref) <= out_tol(act), f"{name} cycle {cyc}: {rel_err(o, o_ref):.3g}"
+        assert (o[idx < 0] == 0).all()
+        state_check(rs, rr, f"{name} verify {cyc}")
+        acc = torch.randint(0, T + 1, (batch,), generator=g).to(DEV)
+        live = idx >= 0
+        flushes += int((rr.cursor[idx[live].long()] + acc[live] >= K).sum())
+        GD.commit(rs, acc, idx, config=cfg)
+        R.gdn_commit(rr, acc, idx)
+        state_check(rs, rr, f"{name} commit {cyc}")
+        if cyc % 2:   # a plain decode step between speculative rounds
+            x = step_inputs(sh, batch, act, g)
+            flushes += int((rr.cursor[idx[live].long()] + 1 >= K).sum())
+            o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]), config=cfg)
+            o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+            assert rel_err(o, o_ref) <= out_tol(act)
+            state_check(rs, rr, f"{name} step {cyc}")
+    assert flushes >= 3, f"only {flushes} flushes exercised"
+
+
+# ----------------------------------------------------------------------------- GPU compile (CPU side)
+_COMPILE_SCRIPT = r"""
+import json, torch
+from replayssm.triton import gdn as G
+from replayssm.state import GDNReplayState
+Hk, Hv, dk, dv, M = 16, 64, 128, 128, "meta"
+def x(b, T=None):
+    lead = (b,) if T is None else (b, T)
+    e = lambda *s, dt=torch.bfloat16: torch.empty(*lead, *s, dtype=dt, device=M)
+    return dict(q=e(Hk, dk), k=e(Hk, dk), v=e(Hv, dv), g=e(Hv, dt=torch.float32), beta=e(Hv, dt=torch.float32))
+def rs(mode, lo=None, L=16):
+    return GDNReplayState.allocate(8, Hk, Hv, dk, dv, L, 16, mode=mode, lo_dtype=lo, device=M)
+res = {}
+for b in (1, 256):
+    i = x(b)
+    res[f"eager b{b}"] = G.plan_eager(torch.empty(8, Hv, dv, dk, device=M), **i, state_indices=None, scale=.1, o=i["v"])
+    for mode, lo in (("replay", None), ("dual", "bfloat16"), ("shared-low", "float8_e4m3")):
+        res[f"replay {mode} b{b}"] = G.plan_replay(rs(mode, lo), **i, state_indices=None, scale=.1, o=i["v"])
+    res[f"fold dual b{b}"] = G.plan_fold(rs("dual", "float8_e4m3"), torch.empty(b, dtype=torch.int32, device=M), None, 1)
+    iv = x(b, 4)
+    res[f"verify T4 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv, state_indices=None, scale=.1, o=iv["v"])
+print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))
+"""
+
+
+@pytest.mark.skipif(CUDA, reason="the CUDA run compiles and runs the kernels for real")
+def test_kernels_compile_for_hopper_without_spills():
+    """Compile the kernels at Qwen3.5-122B dims for sm_90 (no GPU needed): catches code the
+    interpreter accepts but the compiler rejects, and register spills in the launch table."""
+    import triton
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("triton wheel without the NVIDIA backend binaries")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    use = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, u in use.items():
+        assert u["local"] == 0 and u["stack"] == 0, f"{name} spills: {u}"
+        assert u["regs"] <= 192, f"{name}: {u['regs']} registers/thread (occupancy)"
+
+
+# ----------------------------------------------------------------------------- CUDA only
+QWEN = {"qwen3.5-4b": I.GDNShape(16, 32, 128, 128), "qwen3.5-122b": I.GDNShape(16, 64, 128, 128)}
+cuda_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+@cuda_only
+@pytest.mark.parametrize("model", list(QWEN))
+@pytest.mark.parametrize("batch", [1, 7, 64, 512])
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "bfloat16")], ids=["f32", "dual-bf16"])
+def test_real_dims(model, batch, mode, lo):
+    sh = QWEN[model]
+    g = gen(8)
+    K, L, T = 4, 8, 4
+    rs, rr = make_pair(sh, batch, L, K, mode, "float32", lo, torch.bfloat16, g)
+    st = I.random_state(batch, sh.num_v_heads, sh.head_v_dim, sh.head_k_dim, device=DEV, gen=g)
+    st_ref = st.clone()
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV).flip(0)
+    if batch > 1:
+        idx[1] = -1
+    for step in range(K + 1):
+        x = step_inputs(sh, batch, torch.bfloat16, g)
+        o = GD.eager_step(st, **x, state_indices=idx, out=poisoned(x["v"]))
+        assert rel_err(o, R.gdn_eager_step(st_ref, **x, state_indices=idx)) <= TOL_BF16_OUT
+        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]))
+        assert rel_err(o, R.gdn_replay_step(rr, **x, state_indices=idx)) <= TOL_BF16_OUT
+        state_check(rs, rr, f"step {step}")
+    assert rel_err(st, st_ref) <= TOL_F32
+    x = step_inputs(sh, batch, torch.bfloat16, g, T=T)
+    o = GD.verify(rs, **x, state_indices=idx, out=poisoned(x["v"]))
+    assert rel_err(o, R.gdn_verify(rr, **x, state_indices=idx)) <= TOL_BF16_OUT
+    acc = torch.randint(0, T + 1, (batch,), generator=g).to(DEV)
+    GD.commit(rs, acc, idx)
+    R.gdn_commit(rr, acc, idx)
+    state_check(rs, rr, "commit")
+
+
+@cuda_only
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "float8_e4m3")], ids=["f32", "dual-fp8"])
+def test_cuda_graph_replay_steps(mode, lo):
+    """Capture one replay step in a CUDA graph; replay 72 steps (K = 8: flushes at different
+    steps per sequence) comparing with the reference step by step."""
+    sh, batch, K = QWEN["qwen3.5-4b"], 12, 8
+    g = gen(9)
+    rs, rr = make_pair(sh, 16, K, K, mode, "float32", lo, torch.bfloat16, g)
+    idx = random_rows(16, batch, g)
+    static = step_inputs(sh, batch, torch.bfloat16, g)
+    out = torch.empty_like(static["v"])
+    GD.replay_step(rs, **static, state_indices=idx, out=out)      # compile + warm up outside the graph
+    R.gdn_replay_step(rr, **static, state_indices=idx)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        GD.replay_step(rs, **static, state_indices=idx, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    state_check(rs, rr, "after capture")   # capturing must not have run the step
+    for step in range(72):
+        x = step_inputs(sh, batch, torch.bfloat16, g)
+        for k_, v_ in x.items():
+            static[k_].copy_(v_)
+        out.fill_(float("nan"))
+        graph.replay()
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+        assert rel_err(out, o_ref) <= TOL_BF16_OUT, f"step {step}"
+        state_check(rs, rr, f"graph step {step}")
+
+
+@cuda_only
+def test_cuda_graph_verify_commit():
+    """verify + commit (accepted counts read from a device tensor) captured in one graph."""
+    sh, batch, K, T = QWEN["qwen3.5-4b"], 8, 6, 4
+    g = gen(10)
+    rs, rr = make_pair(sh, 8, K + T, K, "dual", "float32", "bfloat16", torch.bfloat16, g)
+    idx = random_rows(8, batch, g)
+    static = step_inputs(sh, batch, torch.bfloat16, g, T=T)
+    acc = torch.zeros(batch, dtype=torch.int64, device=DEV)
+    out = torch.empty_like(static["v"])
+    GD.verify(rs, **static, state_indices=idx, out=out)
+    GD.commit(rs, acc, idx)
+    R.gdn_verify(rr, **static, state_indices=idx)
+    R.gdn_commit(rr, acc, idx)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        GD.verify(rs, **static, state_indices=idx, out=out)
+        GD.commit(rs, acc, idx)
+    torch.cuda.current_stream().wait_stream(s)
+    for cyc in range(64):
+        x = step_inputs(sh, batch, torch.bfloat16, g, T=T)
+        for k_, v_ in x.items():
+            static[k_].copy_(v_)
+        acc.copy_(torch.randint(0, T + 1, (batch,), generator=g))
+        out.fill_(float("nan"))
+        graph.replay()
+        o_ref = R.gdn_verify(rr, **x, state_indices=idx)
+        R.gdn_commit(rr, acc, idx)
+        assert rel_err(out, o_ref) <= TOL_BF16_OUT, f"cycle {cyc}"
+        state_check(rs, rr, f"graph cycle {cyc}")
