@@ -1,0 +1,1 @@
+"""Triton kernels behind the public ops (replayssm.mamba2, replayssm.gdn)."""

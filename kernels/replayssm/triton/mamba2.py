@@ -1,0 +1,943 @@
+"""Triton kernels for Mamba-2 decode: the eager baseline and ReplaySSM.
+
+Kernels (all CUDA-graph safe: fixed grids, every per-sequence decision on the device):
+    _eager_kernel        S <- a S + dt x B^T; y = S C + D x (* silu z)      reads+writes S
+    _replay_step_kernel  output-only route from checkpoint + buffer, append; fused flush
+                         (fold + write checkpoint) for sequences whose cursor reaches K
+    _fold_kernel         fold committed entries into the checkpoint (flush and commit)
+    _verify_kernel       T speculative drafts' outputs from checkpoint + buffer; writes drafts
+    _cursor_kernel       the cursor pass that runs after the kernels above (see below)
+
+Launchers (eager_step, replay_step, flush, commit, verify, advance_cursor) run the launches
+that the matching plan_* functions record (Launch objects); compile_offline compiles a
+recorded launch for sm_90 on a machine without a GPU and reports registers and spills.
+
+Shapes (letters as in replayssm.state): x [b, H, P], dt [b, H], B/C [b, G, N], z [b, H, P];
+checkpoints [S, H, P, N] (+ fp8 row scales [S, H, P]); buffer x [S, L, H, P], B [S, L, G, N],
+dt [S, L, H]. Head h uses group h // (H / G).
+
+Grid of every per-head kernel: (row tiles of P, H, batch rows). Axis 0 is the fastest in
+launch order, so the programs of one sequence and group run close together and the group's
+buffered B rows (read by every head of the group) stay in L2. A program owns ROW_CHUNKS
+consecutive chunks of BLOCK_P rows of one head and the whole state row (N); it streams its
+[rows, N] tile of the state once. Per-head work that does not depend on the rows (decay
+weights, B_i . C) is done once per program, so fewer, taller programs read the buffer less.
+
+The cursor. Every program of a sequence reads cursor[slot]; programs are not ordered, so
+no program of the same launch may write it. The new cursor is written by a separate tiny
+kernel (_cursor_kernel) launched right after, on the same stream: graph-safe (two fixed
+launches), no atomics, no host sync. In a model whose layers share one cursor tensor the
+pass can run once per step for all layers (replayssm.mamba2.replay_step(..., advance_cursor=False)
+then replayssm.mamba2.advance_cursors).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------- launch configs
+# One table for the lead to tune. Key: (kernel, bytes per element of the state the kernel
+# streams, batch bucket). Value: (BLOCK_P, ROW_CHUNKS, num_warps). BLOCK_P is clamped to
+# next_pow2(P); ROW_CHUNKS = 0 means "the whole head in one program" (cdiv(P, BLOCK_P) chunks);
+# otherwise it is moved to the nearest divisor of the head's chunk count, so no program
+# carries an all-masked chunk (head_dim 80 = 5 x 16: 2 -> 1, and whole heads stay whole).
+# "small": batch * H < SMALL_PROGRAMS (too few whole-head programs to fill 132 SMs), "large"
+# otherwise. State element size 8 (fp64) uses the 4 rows.
+# Rationale of the defaults: eager moves each tile twice (read+write) and shares nothing per
+# head, so 16-row fp32 tiles (8 KiB) give plenty of programs in flight; a 16-row bf16 tile is
+# only 4 KiB, so at large batch a program takes the whole head (20 KiB at P=80; the unrolled
+# chunks overlap their loads and still need only 53 registers on sm_90).
+# Replay/verify: 16-row programs keep the fused flush branch at ~64-80 registers on sm_90
+# (ptxas, Nano dims; the output-only route alone needs 42); whole-head programs (CHUNKS 0)
+# read the per-head buffer once instead of P/16 times but need ~75-130 registers (use 8
+# warps). Sweep CHUNKS in {1, 2, 0} x warps in {4, 8} on the GPU; low-precision read copies
+# (2 KiB fp8 tiles at 16 rows) are the first candidates for taller programs.
+SMALL_PROGRAMS = 2048
+CONFIG_TABLE: dict[tuple[str, int, str], tuple[int, int, int]] = {
+    # kernel    bytes  bucket      BLOCK_P CHUNKS warps
+    ("eager",  4, "small"): (16, 1, 4),
+    ("eager",  4, "large"): (16, 1, 4),
+    ("eager",  2, "small"): (16, 1, 4),
+    ("eager",  2, "large"): (16, 0, 4),
+    ("replay", 4, "small"): (16, 1, 4),
+    ("replay", 4, "large"): (16, 1, 4),
+    ("replay", 2, "small"): (16, 1, 4),
+    ("replay", 2, "large"): (16, 1, 4),
+    ("replay", 1, "small"): (16, 1, 4),
+    ("replay", 1, "large"): (16, 1, 4),
+    ("fold",   4, "small"): (16, 1, 4),
+    ("fold",   4, "large"): (16, 1, 4),
+    ("fold",   2, "small"): (16, 1, 4),
+    ("fold",   2, "large"): (16, 1, 4),
+    ("fold",   1, "small"): (16, 1, 4),
+    ("fold",   1, "large"): (16, 1, 4),
+    ("verify", 4, "small"): (16, 1, 4),
+    ("verify", 4, "large"): (16, 1, 4),
+    ("verify", 2, "small"): (16, 1, 4),
+    ("verify", 2, "large"): (16, 1, 4),
+    ("verify", 1, "small"): (16, 1, 4),
+    ("verify", 1, "large"): (16, 1, 4),
+}
+CURSOR_BLOCK = 256
+# Precision of the flush fold's tl.dot (sum_i w_i x_i B_i^T over <= L entries). With a bf16
+# buffer the fold runs as "bf16x3" (exact products, see _outer_sum); with other buffers it
+# uses FOLD_DOT_PRECISION on fp32 operands: "tf32x3" (three TF32 MMAs, ~2^-22 relative per
+# product) or "ieee" (exact FMA dot). Register cost on sm_90 (ptxas, replay kernel, Nano
+# dims, 16-row programs, 4 warps): bf16x3 71, tf32x3 80, ieee 190 (its FMA dot holds a whole
+# [L, cols] operand slice per thread); the output-only route alone needs 42.
+FOLD_DOT_PRECISION = "tf32x3"
+
+
+def _fold_precision(rs) -> str:
+    return "bf16x3" if rs.x.dtype == torch.bfloat16 and rs.B.dtype == torch.bfloat16 else FOLD_DOT_PRECISION
+
+
+def _interpreting() -> bool:
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    try:
+        return bool(triton.knobs.runtime.interpret)
+    except AttributeError:  # older triton without knobs
+        return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _np2(v: int) -> int:
+    return triton.next_power_of_2(max(int(v), 1))
+
+
+def launch_config(kernel: str, P: int, state_bytes: int, batch: int, nheads: int) -> tuple[int, int, int]:
+    """(BLOCK_P, ROW_CHUNKS, num_warps) for a kernel at a shape, from CONFIG_TABLE (clamped)."""
+    bucket = "small" if batch * nheads < SMALL_PROGRAMS else "large"
+    key_bytes = min(state_bytes, 4)
+    if kernel == "eager":
+        key_bytes = max(key_bytes, 2)
+    block_p, chunks, warps = CONFIG_TABLE[(kernel, key_bytes, bucket)]
+    block_p = min(block_p, _np2(P))
+    tiles = triton.cdiv(P, block_p)
+    if chunks <= 0:
+        chunks = tiles
+    else:   # nearest divisor of `tiles` (ties: the smaller, for more programs)
+        chunks = min((d for d in range(1, tiles + 1) if tiles % d == 0), key=lambda d: (abs(d - chunks), d))
+    return block_p, chunks, warps
+
+
+# ----------------------------------------------------------------------------- helpers
+@triton.jit
+def _softplus(v):
+    """softplus with the linear branch above 20 (same rule as reference.softplus);
+    log1p(e) via log(1+e) * e / ((1+e) - 1), accurate where 1 + e loses digits."""
+    e = tl.exp(tl.minimum(v, 20.0))
+    u = 1.0 + e
+    d = tl.where(u == 1.0, 1.0, u - 1.0)
+    lp = tl.where(u == 1.0, e, tl.log(u) * (e / d))
+    return tl.where(v > 20.0, v, lp)
+
+
+@triton.jit
+def _silu(z):
+    return z / (1.0 + tl.exp(-z))
+
+
+@triton.jit
+def _round_bf16_rne(v):
+    """fp32 -> nearest-even bf16 value (still fp32), by bit arithmetic."""
+    bits = v.to(tl.uint32, bitcast=True)
+    r = bits + 0x7FFF + ((bits >> 16) & 1)
+    r = (r >> 16) << 16
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_e4m3_rne(v):
+    """fp32 -> nearest-even float8_e4m3fn value (still fp32), saturating at 448."""
+    a = tl.minimum(tl.abs(v), 448.0)
+    bits = a.to(tl.int32, bitcast=True)
+    qe = tl.maximum((bits >> 23) - 127, -6) - 3                # exponent of one quantum (3 mantissa bits)
+    q = ((qe + 127) << 23).to(tl.float32, bitcast=True)
+    r = ((a / q + 8388608.0) - 8388608.0) * q                  # round-half-even to a multiple of q
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _cast(v, dtype: tl.constexpr, EXACT: tl.constexpr):
+    """Round float32 v to a storage dtype. On the GPU (EXACT False) this is the hardware
+    conversion (round-to-nearest-even; fp8 saturating). Triton's CPU interpreter truncates
+    fp32 -> bf16 and mis-rounds fp8 at binade edges, so under the interpreter (EXACT True)
+    values are first rounded exactly with integer arithmetic; the final .to() is then exact."""
+    if EXACT:
+        if dtype == tl.bfloat16:
+            v = _round_bf16_rne(v)
+        elif dtype == tl.float8e4nv:
+            v = _round_e4m3_rne(v)
+    return v.to(dtype)
+
+
+@triton.jit
+def _load_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p, HAS_SCALE: tl.constexpr):
+    """[BP, BN] float32 tile of a checkpoint (rows offs_p), dequantised with fp8 row scales."""
+    s = tl.load(ptr + base + offs_p[:, None] * stride_p + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_SCALE:
+        sc = tl.load(sc_ptr + sbase + offs_p, mask=mask_p, other=1.0)
+        s = s * sc[:, None]
+    return s
+
+
+@triton.jit
+def _store_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p, s, HAS_SCALE: tl.constexpr,
+                 EXACT: tl.constexpr):
+    """Store a float32 tile, rounding to the checkpoint dtype. fp8: per-row scale
+    amax/448 (1 for a zero row), data = s / scale (as state.Checkpoint.write). Columns
+    past N must hold 0 (they do: every operand is loaded with other=0)."""
+    if HAS_SCALE:
+        amax = tl.max(tl.abs(s), axis=1)
+        sc = tl.where(amax > 0.0, amax / 448.0, 1.0)
+        tl.store(sc_ptr + sbase + offs_p, sc, mask=mask_p)
+        s = s / sc[:, None]
+    tl.store(ptr + base + offs_p[:, None] * stride_p + offs_n[None, :], _cast(s, ptr.dtype.element_ty, EXACT),
+             mask=mask)
+
+
+@triton.jit
+def _buffer_weights(la, dt, mask_l, la_after):
+    """Weights of buffered entries for a target after them.
+
+    la [BL] log-decays dt_i * A (0 where masked), dt [BL], la_after: summed log-decay of
+    what follows the buffer up to the target (the new entry; 0 for a plain fold).
+    Returns w [BL] = dt_i * exp(sum_{j>i} la_j + la_after) and total = exp(sum la + la_after),
+    the decay applied to the checkpoint. Suffix sums (not differences of prefix sums) keep
+    the recent, heavy weights accurate when the cumulative decay is large."""
+    suffix = tl.cumsum(la, 0, reverse=True) - la + la_after
+    w = tl.where(mask_l, dt * tl.exp(suffix), 0.0)
+    total = tl.exp(tl.sum(la, 0) + la_after)
+    return w, total
+
+
+@triton.jit
+def _outer_sum(xw, bm, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr):
+    """sum_i xw[i, :, None] * bm[i, None, :]: xw [BL, BP], bm [BL, BN] -> [BP, BN] float32.
+
+    tl.dot when every dim >= 16, else a broadcast sum (tiny tiles only). DOT_PREC:
+    "bf16x3": bm holds bf16 values (a bf16 buffer), so it is exact in bf16; xw (fp32) is
+        split into three bf16 parts hi + mid + lo (24 significant bits) and three bf16 MMAs
+        accumulate in fp32: every product is exact, the result is fp32-accurate, and the
+        operands are half the registers of fp32 ones.
+    "tf32x3" / "ieee" / "tf32": tl.dot's input_precision on fp32 operands (other buffers)."""
+    if USE_DOT:
+        if DOT_PREC == "bf16x3":
+            b16 = bm.to(tl.bfloat16)
+            hi = xw.to(tl.bfloat16)
+            r = xw - hi.to(tl.float32)
+            mid = r.to(tl.bfloat16)
+            lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+            if EXACT:   # the CPU interpreter mis-evaluates bf16 dots: same products in fp32
+                b32 = b16.to(tl.float32)
+                acc = tl.dot(tl.trans(hi.to(tl.float32)), b32, input_precision="ieee")
+                acc = tl.dot(tl.trans(mid.to(tl.float32)), b32, acc, input_precision="ieee")
+                acc = tl.dot(tl.trans(lo.to(tl.float32)), b32, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(tl.trans(hi), b16)
+                acc = tl.dot(tl.trans(mid), b16, acc)
+                acc = tl.dot(tl.trans(lo), b16, acc)
+        else:
+            acc = tl.dot(tl.trans(xw), bm, input_precision=DOT_PREC)
+    else:
+        acc = tl.sum(xw[:, :, None] * bm[:, None, :], axis=0)
+    return acc
+
+
+@triton.jit
+def _load_buffer_B(bB_ptr, base, s_bB_l, offs_l, offs_n, mask_l, mask_n):
+    """The group's buffered B rows [BL, BN] (float32; 0 past the cursor)."""
+    return tl.load(bB_ptr + base + offs_l[:, None] * s_bB_l + offs_n[None, :],
+                   mask=mask_l[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _fold_chunk(hi_ptr, hi_sc_ptr, ck_base, sc_base, s_ck_p, bxh_ptr, s_bx_l, offs_l, mask_l, w, total, Bb,
+                offs_p, offs_n, mask_p, mask,
+                HI_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr):
+    """High-checkpoint rows offs_p with the buffered entries folded in:
+    total * S + sum_i w_i x_i B_i^T  ->  [BP, BN] float32 (not stored)."""
+    Xb = tl.load(bxh_ptr + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                 mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+    S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE)
+    return total * S + _outer_sum(Xb * w[:, None], Bb, USE_DOT, DOT_PREC, EXACT)
+
+
+@triton.jit
+def _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p, S,
+                 HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, EXACT: tl.constexpr):
+    """Write folded rows to the high checkpoint and, in dual mode, the low copy."""
+    _store_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, HI_SCALE, EXACT)
+    if HAS_LO:
+        _store_state(lo_ptr, lo_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, LO_SCALE, EXACT)
+
+
+@triton.jit
+def _finish_y(yv, xv, Dh, z_row, y_row, offs_p, mask_p, in_p, HAS_Z: tl.constexpr, EXACT: tl.constexpr):
+    """y = (yv + D x) * silu(z), stored for rows offs_p (padded rows: every operand is 0)."""
+    yv = yv + Dh * xv
+    if HAS_Z:
+        yv = yv * _silu(tl.load(z_row + offs_p, mask=mask_p, other=0.0).to(tl.float32))
+    tl.store(y_row + offs_p, _cast(yv, y_row.dtype.element_ty, EXACT), mask=in_p)
+
+
+@triton.jit
+def _slot_of(idx_ptr, row, HAS_IDX: tl.constexpr):
+    """(slot as int64 clamped to >= 0, live) for batch row `row`; negative index = padding."""
+    if HAS_IDX:
+        slot = tl.load(idx_ptr + row).to(tl.int64)
+    else:
+        slot = row.to(tl.int64)
+    return tl.maximum(slot, 0), slot >= 0
+
+
+# ----------------------------------------------------------------------------- eager
+@triton.jit
+def _eager_kernel(
+    st_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    P, N, HPG,
+    s_st_s, s_st_h, s_st_p,
+    s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
+    BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, EXACT: tl.constexpr,
+):
+    """One eager step for rows [pid_p*ROW_CHUNKS*BLOCK_P, ...) of head h of batch row b.
+    Reads the [rows, N] state tile once and writes it once."""
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    g = h // HPG
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    Dh = tl.load(D_ptr + h).to(tl.float32)
+    dt_v = _softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
+    a = tl.exp(dt_v * A)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = (offs_n < N) & live
+    Bv = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    st_base = slot * s_st_s + h * s_st_h
+    for c in tl.static_range(ROW_CHUNKS):
+        offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
+        in_p = offs_p < P
+        mask_p = in_p & live
+        mask = mask_p[:, None] & mask_n[None, :]
+        xv = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+        S = _load_state(st_ptr, st_ptr, st_base, 0, offs_p, offs_n, s_st_p, mask, mask_p, False)
+        S = a * S + (dt_v * xv)[:, None] * Bv[None, :]
+        _store_state(st_ptr, st_ptr, st_base, 0, offs_p, offs_n, s_st_p, mask, mask_p, S, False, EXACT)
+        _finish_y(tl.sum(S * Cv[None, :], axis=1), xv, Dh, z_ptr + b * s_z_b + h * s_z_h,
+                  y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
+
+
+# ----------------------------------------------------------------------------- replay step
+@triton.jit
+def _replay_step_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    cur_ptr, bx_ptr, bB_ptr, bdt_ptr,
+    rd_ptr, rd_sc_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    K, P, N, HPG,
+    s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
+    s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+    s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
+    BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, RD_SCALE: tl.constexpr, HI_SCALE: tl.constexpr,
+    HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    """One ReplaySSM step for rows of head h of batch row b (see module docstring).
+
+    n = cursor[slot] entries are buffered. The new entry (x, B, dt) is entry n.
+    Output-only route (n + 1 < K): read the read-checkpoint tile (the low copy in dual
+    mode) and buffer rows 0..n-1, y = exp(c) (S C) + sum_i w_i (B_i.C) x_i + dt (B.C) x;
+    append the entry at n (x: every program its rows; dt: row tile 0; B: row tile 0 of the
+    group's first head). Flush route (n + 1 >= K): fold entries 0..n into the high tile,
+    y = S_new C, write the high tile (and the low copy in dual mode); nothing is appended.
+    Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
+    """
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    g = h // HPG
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    n = tl.load(cur_ptr + slot, mask=live, other=0)
+    flush = n + 1 >= K
+    A = tl.load(A_ptr + h).to(tl.float32)
+    Dh = tl.load(D_ptr + h).to(tl.float32)
+    dt_n = _softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
+    dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as stored in the buffer
+    la_n = dt_n * A
+
+    # buffered entries 0..n-1: per-head decay weights and B_i . C (shared by all rows)
+    offs_l = tl.arange(0, BLOCK_L)
+    mask_l = (offs_l < n) & live
+    offs_n = tl.arange(0, BLOCK_N)
+    in_n = offs_n < N
+    mask_n = in_n & live
+    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
+    w, total = _buffer_weights(dt_i * A, dt_i, mask_l, la_n)
+    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    Bn_raw = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0)
+    Bn_buf = _cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+    Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
+    ck_base = slot * s_ck_s + h * s_ck_h
+    sc_base = slot * s_sc_s + h * s_sc_h
+    bx_base = slot * s_bx_s + h * s_bx_h
+    bB_base = slot * s_bB_s + g * s_bB_g
+    # One branch per program (the decision is per sequence), chunk loops inside it. Each
+    # branch loads the buffered B tile itself, so nothing large is live across the branch
+    # (the flush route's dot operands would otherwise set the register budget of both).
+    if flush:
+        Bb = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
+        for c in tl.static_range(ROW_CHUNKS):
+            offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
+            in_p = offs_p < P
+            mask_p = in_p & live
+            mask = mask_p[:, None] & mask_n[None, :]
+            x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
+            xq = _cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT).to(tl.float32)  # entry n as stored
+            S = _fold_chunk(hi_ptr, hi_sc_ptr, ck_base, sc_base, s_ck_p, bx_ptr + bx_base, s_bx_l, offs_l, mask_l,
+                            w, total, Bb, offs_p, offs_n, mask_p, mask, HI_SCALE, USE_DOT, DOT_PREC, EXACT)
+            S = S + (dt_n * xq)[:, None] * Bn[None, :]
+            _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p,
+                         S, HI_SCALE, HAS_LO, LO_SCALE, EXACT)
+            _finish_y(tl.sum(S * Cv[None, :], axis=1), x_raw.to(tl.float32), Dh, z_ptr + b * s_z_b + h * s_z_h,
+                      y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
+    else:
+        Bb = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
+        coef = w * tl.sum(Bb * Cv[None, :], axis=1)           # [BL] w_i (B_i . C)
+        coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
+        for c in tl.static_range(ROW_CHUNKS):
+            offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
+            in_p = offs_p < P
+            mask_p = in_p & live
+            mask = mask_p[:, None] & mask_n[None, :]
+            x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
+            x_buf = _cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)
+            Xb = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                         mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+            S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE)
+            yv = total * tl.sum(S * Cv[None, :], axis=1) + tl.sum(Xb * coef[:, None], axis=0) \
+                + coef_n * x_buf.to(tl.float32)
+            tl.store(bx_ptr + bx_base + n * s_bx_l + offs_p, x_buf, mask=mask_p)
+            _finish_y(yv, x_raw.to(tl.float32), Dh, z_ptr + b * s_z_b + h * s_z_h,
+                      y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
+        append = live & (pid_p == 0)
+        tl.store(bdt_ptr + slot * s_bdt_s + n * s_bdt_l + h, dt_n, mask=append)
+        tl.store(bB_ptr + slot * s_bB_s + n * s_bB_l + g * s_bB_g + offs_n, Bn_buf,
+                 mask=mask_n & append & (h % HPG == 0))
+
+
+# ----------------------------------------------------------------------------- fold (flush / commit)
+@triton.jit
+def _fold_kernel(
+    idx_ptr, acc_ptr, cur_ptr, bx_ptr, bB_ptr, bdt_ptr, A_ptr,
+    hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    THRESH, P, N, L, HPG,
+    s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+    s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
+    BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    HAS_ACC: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr,
+):
+    """Fold buffer entries 0..n-1 into the high checkpoint tile and write it (and the low
+    copy in dual mode), where n = cursor[slot] (+ accepted[row] for a commit) and only if
+    n >= THRESH (flush: 1, commit: K). Row r of the grid addresses slot idx[r] (< 0: skip)."""
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    r = tl.program_id(2).to(tl.int64)
+    g = h // HPG
+    slot = tl.load(idx_ptr + r).to(tl.int64)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    n = tl.load(cur_ptr + slot, mask=live, other=0)
+    if HAS_ACC:
+        n = n + tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32)
+    do = live & (n >= THRESH)
+    if do:
+        A = tl.load(A_ptr + h).to(tl.float32)
+        offs_l = tl.arange(0, BLOCK_L)
+        mask_l = (offs_l < n) & (offs_l < L)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
+        w, total = _buffer_weights(dt_i * A, dt_i, mask_l, 0.0)
+        Bb = _load_buffer_B(bB_ptr, slot * s_bB_s + g * s_bB_g, s_bB_l, offs_l, offs_n, mask_l, mask_n)
+        ck_base = slot * s_ck_s + h * s_ck_h
+        sc_base = slot * s_sc_s + h * s_sc_h
+        bx_base = slot * s_bx_s + h * s_bx_h
+        for c in tl.static_range(ROW_CHUNKS):
+            offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
+            mask_p = offs_p < P
+            mask = mask_p[:, None] & mask_n[None, :]
+            S = _fold_chunk(hi_ptr, hi_sc_ptr, ck_base, sc_base, s_ck_p, bx_ptr + bx_base, s_bx_l, offs_l, mask_l,
+                            w, total, Bb, offs_p, offs_n, mask_p, mask, HI_SCALE, USE_DOT, DOT_PREC, EXACT)
+            _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p,
+                         S, HI_SCALE, HAS_LO, LO_SCALE, EXACT)
+
+
+# ----------------------------------------------------------------------------- verify (speculation)
+@triton.jit
+def _verify_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, rd_ptr, rd_sc_ptr,
+    P, N, L, HPG,
+    s_x_b, s_x_t, s_x_h, s_dt_b, s_dt_t, s_B_b, s_B_t, s_B_g, s_C_b, s_C_t, s_C_g,
+    s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h,
+    s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+    s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
+    T: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, RD_SCALE: tl.constexpr, EXACT: tl.constexpr,
+):
+    """Outputs of T drafts for rows of head h of batch row b, from the read checkpoint
+    tile (read once for all T), buffer rows 0..n-1 and the drafts themselves (from the
+    inputs, causally masked); writes the drafts at buffer rows n..n+T-1. No state written,
+    the cursor is not moved. Per target t the weights are
+        checkpoint: exp(c_buf + cd_t); buffer entry i: dt_i exp(sum_{j>i} la_j + cd_t);
+        draft j <= t: dt_j exp(cd_t - cd_j), with cd the drafts' inclusive cumulative log-decay.
+    """
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    g = h // HPG
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    n = tl.load(cur_ptr + slot, mask=live, other=0)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    Dh = tl.load(D_ptr + h).to(tl.float32)
+    bias = tl.load(dtb_ptr + h).to(tl.float32)
+
+    offs_n = tl.arange(0, BLOCK_N)
+    in_n = offs_n < N
+    mask_n = in_n & live
+    offs_l = tl.arange(0, BLOCK_L)
+    mask_l = (offs_l < n) & live
+    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
+    la = dt_i * A
+    suf = tl.cumsum(la, 0, reverse=True) - la                 # sum_{i<j<n} la_j
+    c_buf = tl.sum(la, 0)
+    Bb = tl.load(bB_ptr + slot * s_bB_s + offs_l[:, None] * s_bB_l + g * s_bB_g + offs_n[None, :],
+                 mask=mask_l[:, None] & in_n[None, :], other=0.0).to(tl.float32)
+
+    offs_t = tl.arange(0, BLOCK_T)
+    mask_t = (offs_t < T) & live
+    dd = _softplus(tl.load(dt_ptr + b * s_dt_b + offs_t * s_dt_t + h, mask=mask_t, other=0.0).to(tl.float32) + bias)
+    dd = tl.where(mask_t, dd.to(bdt_ptr.dtype.element_ty).to(tl.float32), 0.0)
+    cd = tl.cumsum(dd * A, 0)                                  # inclusive over drafts
+    Bd_raw = tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
+                     mask=mask_t[:, None] & mask_n[None, :], other=0.0)
+    Bd_buf = _cast(Bd_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+    Bd = Bd_buf.to(tl.float32)
+
+    ck_base = slot * s_ck_s + h * s_ck_h
+    sc_base = slot * s_sc_s + h * s_sc_h
+    bx_base = slot * s_bx_s + h * s_bx_h
+    pos = n + offs_t
+    for c in tl.static_range(ROW_CHUNKS):
+        offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
+        in_p = offs_p < P
+        mask_p = in_p & live
+        mask = mask_p[:, None] & mask_n[None, :]
+        S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE)
+        Xb = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                     mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+        Xd_raw = tl.load(x_ptr + b * s_x_b + offs_t[:, None] * s_x_t + h * s_x_h + offs_p[None, :],
+                         mask=mask_t[:, None] & mask_p[None, :], other=0.0)
+        Xd_buf = _cast(Xd_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)
+        Xd = Xd_buf.to(tl.float32)
+        # Per target t the coefficients are formed where they are used (recomputed per
+        # chunk: a few [L, N] products) rather than kept as [L, T] / [T, T] tiles, whose
+        # small, replicated layouts cost more registers than they save.
+        for t in tl.static_range(T):
+            Ct = tl.load(C_ptr + b * s_C_b + t * s_C_t + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            cd_t = tl.sum(tl.where(offs_t == t, cd, 0.0), 0)
+            cb = tl.where(mask_l, dt_i * tl.exp(suf + cd_t), 0.0) * tl.sum(Bb * Ct[None, :], axis=1)
+            cdc = tl.where(mask_t & (offs_t <= t), dd * tl.exp(cd_t - cd), 0.0) * tl.sum(Bd * Ct[None, :], axis=1)
+            xt = tl.load(x_ptr + b * s_x_b + t * s_x_t + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+            yv = tl.exp(c_buf + cd_t) * tl.sum(S * Ct[None, :], axis=1) + tl.sum(Xb * cb[:, None], axis=0) \
+                + tl.sum(Xd * cdc[:, None], axis=0)
+            _finish_y(yv, xt, Dh, z_ptr + b * s_z_b + t * s_z_t + h * s_z_h,
+                      y_ptr + b * s_y_b + t * s_y_t + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
+        tl.store(bx_ptr + bx_base + pos[:, None] * s_bx_l + offs_p[None, :], Xd_buf,
+                 mask=mask_t[:, None] & mask_p[None, :] & (pos < L)[:, None])
+
+    wr = mask_t & (pos < L) & (pid_p == 0)
+    tl.store(bdt_ptr + slot * s_bdt_s + pos * s_bdt_l + h, dd, mask=wr)
+    tl.store(bB_ptr + slot * s_bB_s + pos[:, None] * s_bB_l + g * s_bB_g + offs_n[None, :],
+             Bd_buf, mask=(wr & (h % HPG == 0))[:, None] & mask_n[None, :])
+
+
+# ----------------------------------------------------------------------------- cursor pass
+@triton.jit
+def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
+                   MODE: tl.constexpr, HAS_IDX: tl.constexpr, BLOCK: tl.constexpr):
+    """New cursors after a launch of the kernels above (which only read them).
+    MODE 0 (step):   n + 1 >= K ? 0 : n + 1
+    MODE 1 (commit): n + accepted >= K ? 0 : n + accepted
+    MODE 2 (flush):  0"""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < rows
+    if HAS_IDX:
+        slot = tl.load(idx_ptr + offs, mask=m, other=-1).to(tl.int64)
+    else:
+        slot = offs.to(tl.int64)
+    live = m & (slot >= 0)
+    slot = tl.maximum(slot, 0)
+    n = tl.load(cur_ptr + slot, mask=live, other=0)
+    if MODE == 0:
+        n = n + 1
+        new = tl.where(n >= K, 0, n)
+    elif MODE == 1:
+        n = n + tl.load(acc_ptr + offs, mask=live, other=0).to(tl.int32)
+        new = tl.where(n >= K, 0, n)
+    else:
+        new = tl.zeros_like(n)
+    tl.store(cur_ptr + slot, new, mask=live)
+
+
+# ----------------------------------------------------------------------------- launchers
+def _last_contig(t):
+    """t with a unit stride in its last dim (a copy otherwise; activations and params only)."""
+    if t is not None and t.stride(-1) != 1:
+        t = t.contiguous()
+    return t
+
+
+def _out(out, x):
+    """The output tensor: `out` (shape of x, unit last stride) or a new one."""
+    if out is None:
+        return torch.empty_like(x)
+    if out.shape != x.shape or out.stride(-1) != 1:
+        raise ValueError(f"out must have shape {tuple(x.shape)} and a unit last stride")
+    return out
+
+
+def _ckpt_args(ck, like):
+    """(data, scale, has_scale) of a checkpoint; `like` stands in for a missing pointer."""
+    if ck is None:
+        return like, like, False
+    if ck.scale is None:
+        return ck.data, ck.data, False
+    return ck.data, ck.scale, True
+
+
+def _check_ckpts(*cks):
+    ref = cks[0].data
+    for ck in cks:
+        if ck is None:
+            continue
+        if not ck.data.is_contiguous() or ck.data.shape != ref.shape:
+            raise ValueError("checkpoints must be contiguous [S, H, P, N] tensors of one shape")
+        if ck.scale is not None and not ck.scale.is_contiguous():
+            raise ValueError("fp8 scales must be contiguous [S, H, P]")
+
+
+def _buffer_strides(rs):
+    for t in (rs.x, rs.B):
+        if t.stride(-1) != 1:
+            raise ValueError("buffer tensors need a unit stride in their last dim")
+    return (rs.x.stride(0), rs.x.stride(1), rs.x.stride(2), rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
+            rs.dt.stride(0), rs.dt.stride(1))
+
+
+def _ckpt_strides(rs):
+    d = rs.hi.data
+    # scale strides: any fp8 copy has the contiguous [S, H, P] layout
+    return (d.stride(0), d.stride(1), d.stride(2), d.shape[1] * d.shape[2], d.shape[2])
+
+
+def _state_bytes(ck):
+    return ck.data.element_size()
+
+
+@dataclass
+class Launch:
+    """One kernel launch, recorded: kernel[grid](*args, **meta). Plans return these so a
+    launch can be run, inspected, or compiled offline (compile_offline) without a GPU."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    meta: dict
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.meta)
+
+
+def _record(kernel, grid):
+    return lambda *args, **meta: Launch(kernel, grid, args, meta)
+
+
+def _run(launches) -> None:
+    for launch in launches:
+        launch()
+
+
+def plan_eager_step(state, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
+    """([launches], y) of the eager step; see eager_step."""
+    if state.stride(-1) != 1:
+        raise ValueError("state needs a unit stride in its last dim")
+    x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
+    bsz, H, P = x.shape
+    N, G = B.shape[-1], B.shape[1]
+    y = _out(out, x)
+    if bsz == 0:
+        return [], y
+    block_p, chunks, warps = launch_config("eager", P, state.element_size(), bsz, H)
+    grid = (triton.cdiv(P, block_p * chunks), H, bsz)
+    zz = z if z is not None else x
+    idx = state_indices if state_indices is not None else x
+    launch = _record(_eager_kernel, grid)(
+        state, x, dt, A, B, C, D, dt_bias, zz, y, idx,
+        P, N, H // G,
+        state.stride(0), state.stride(1), state.stride(2),
+        x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
+        BLOCK_P=block_p, ROW_CHUNKS=chunks, BLOCK_N=_np2(N),
+        HAS_Z=z is not None, HAS_IDX=state_indices is not None, EXACT=_interpreting(), num_warps=warps)
+    return [launch], y
+
+
+def eager_step(state, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
+    """Launch the eager step. state [S, H, P, N] (fp32/bf16/fp16, updated in place),
+    x [b, H, P], dt [b, H], A/D/dt_bias [H], B/C [b, G, N], z [b, H, P] or None,
+    state_indices [b] int (negative = padding) or None (row b -> slot b). Returns y [b, H, P]
+    (written into `out` when given: every element, padded rows as 0)."""
+    launches, y = plan_eager_step(state, x, dt, A, B, C, D, dt_bias, z, state_indices, out)
+    _run(launches)
+    return y
+
+
+def _block_l(L, block_p, block_n):
+    """Buffer tile height: >= 16 where the fold can use tl.dot (all dims >= 16)."""
+    bl = _np2(L)
+    if block_p >= 16 and block_n >= 16:
+        bl = max(bl, 16)
+    return bl, (block_p >= 16 and block_n >= 16 and bl >= 16)
+
+
+def plan_cursor(rs, state_indices, rows: int, mode: int, accepted=None):
+    """[launch] of the cursor pass (see _cursor_kernel). rows: batch rows (or slots)."""
+    if rows == 0:
+        return []
+    idx = state_indices if state_indices is not None else rs.cursor
+    acc = accepted if accepted is not None else rs.cursor
+    return [_record(_cursor_kernel, (triton.cdiv(rows, CURSOR_BLOCK),))(
+        rs.cursor, idx, acc, rows, rs.flush_period,
+        MODE=mode, HAS_IDX=state_indices is not None, BLOCK=CURSOR_BLOCK, num_warps=4)]
+
+
+def advance_cursor(rs, state_indices, rows: int, mode: int, accepted=None):
+    """Run the cursor pass: mode 0 step, 1 commit (with accepted), 2 flush."""
+    _run(plan_cursor(rs, state_indices, rows, mode, accepted))
+
+
+def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, advance=True, out=None):
+    """([launches], y) of one ReplaySSM step: the step kernel (+ the cursor pass)."""
+    x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
+    bsz, H, P = x.shape
+    N, G = B.shape[-1], B.shape[1]
+    L = rs.capacity
+    y = _out(out, x)
+    if bsz == 0:
+        return [], y
+    _check_ckpts(rs.hi, rs.lo)
+    rd = rs.read_ckpt
+    block_p, chunks, warps = launch_config("replay", P, _state_bytes(rd), bsz, H)
+    block_n = _np2(N)
+    block_l, use_dot = _block_l(min(rs.flush_period, L), block_p, block_n)   # a step sees n <= K - 1
+    rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
+    hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
+    lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
+    zz = z if z is not None else x
+    idx = state_indices if state_indices is not None else x
+    grid = (triton.cdiv(P, block_p * chunks), H, bsz)
+    launch = _record(_replay_step_kernel, grid)(
+        x, dt, A, B, C, D, dt_bias, zz, y, idx,
+        rs.cursor, rs.x, rs.B, rs.dt,
+        rd_d, rd_s, hi_d, hi_s, lo_d, lo_s,
+        rs.flush_period, P, N, H // G,
+        x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
+        *_buffer_strides(rs), *_ckpt_strides(rs),
+        BLOCK_P=block_p, ROW_CHUNKS=chunks, BLOCK_N=block_n, BLOCK_L=block_l,
+        HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has, HI_SCALE=hi_has,
+        HAS_LO=rs.lo is not None, LO_SCALE=lo_has, USE_DOT=use_dot, DOT_PREC=_fold_precision(rs),
+        EXACT=_interpreting(), num_warps=warps)
+    return [launch] + (plan_cursor(rs, state_indices, bsz, 0) if advance else []), y
+
+
+def replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, advance=True, out=None):
+    """Launch one ReplaySSM step (+ the cursor pass when `advance`). Shapes as eager_step;
+    rs: replayssm.state.Mamba2ReplayState. Returns y [b, H, P]."""
+    launches, y = plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, advance, out)
+    _run(launches)
+    return y
+
+
+def plan_fold(rs, A, idx, thresh: int, accepted=None):
+    """[launch] of the fold over rows idx [r] (slots; negative = skip): entries 0..n-1 with
+    n = cursor (+ accepted[r]) are folded into the checkpoint where n >= thresh.
+    The cursor is not touched (the caller runs the cursor pass)."""
+    rows = idx.shape[0]
+    if rows == 0:
+        return []
+    A = _last_contig(A)
+    _check_ckpts(rs.hi, rs.lo)
+    H, P, N = rs.hi.data.shape[1:]
+    G = rs.B.shape[2]
+    L = rs.capacity
+    block_p, chunks, warps = launch_config("fold", P, _state_bytes(rs.hi), rows, H)
+    block_n = _np2(N)
+    block_l, use_dot = _block_l(L, block_p, block_n)
+    hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
+    lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
+    acc = accepted if accepted is not None else idx
+    grid = (triton.cdiv(P, block_p * chunks), H, rows)
+    return [_record(_fold_kernel, grid)(
+        idx, acc, rs.cursor, rs.x, rs.B, rs.dt, A,
+        hi_d, hi_s, lo_d, lo_s,
+        thresh, P, N, L, H // G,
+        *_buffer_strides(rs), *_ckpt_strides(rs),
+        BLOCK_P=block_p, ROW_CHUNKS=chunks, BLOCK_N=block_n, BLOCK_L=block_l,
+        HAS_ACC=accepted is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
+        USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), num_warps=warps)]
+
+
+def plan_flush(rs, A, slots=None):
+    """[launches] of flush: the fold (threshold 1) and the cursor pass (0)."""
+    if slots is None:
+        slots = torch.arange(rs.cursor.shape[0], device=rs.cursor.device, dtype=torch.int32)
+    return plan_fold(rs, A, slots, 1) + plan_cursor(rs, slots, slots.shape[0], 2)
+
+
+def flush(rs, A, slots=None):
+    """Fold every committed entry of `slots` ([s] int; default all slots; negative = skip)
+    into the checkpoint and reset their cursors. Sequences with cursor 0 are untouched."""
+    _run(plan_flush(rs, A, slots))
+
+
+def plan_commit(rs, A, accepted, state_indices=None):
+    """[launches] of commit: the fold (threshold K, n = cursor + accepted) and the cursor pass."""
+    bsz = accepted.shape[0]
+    idx = state_indices if state_indices is not None else torch.arange(
+        bsz, device=accepted.device, dtype=torch.int32)
+    return plan_fold(rs, A, idx, rs.flush_period, accepted) + plan_cursor(rs, idx, bsz, 1, accepted)
+
+
+def commit(rs, A, accepted, state_indices=None):
+    """Accept accepted[b] drafts per row (a cursor move) and fold where the cursor reaches K."""
+    _run(plan_commit(rs, A, accepted, state_indices))
+
+
+def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
+    """([launch], y) of speculative verification; see verify."""
+    x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
+    bsz, T, H, P = x.shape
+    N, G = B.shape[-1], B.shape[2]
+    L = rs.capacity
+    y = _out(out, x)
+    if bsz == 0 or T == 0:
+        return [], y
+    _check_ckpts(rs.hi, rs.lo)
+    rd = rs.read_ckpt
+    block_p, chunks, warps = launch_config("verify", P, _state_bytes(rd), bsz, H)
+    block_n = _np2(N)
+    block_l = _np2(min(rs.flush_period, L))   # committed entries only: n <= K - 1 before a verify
+    rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
+    zz = z if z is not None else x
+    idx = state_indices if state_indices is not None else x
+    grid = (triton.cdiv(P, block_p * chunks), H, bsz)
+    launch = _record(_verify_kernel, grid)(
+        x, dt, A, B, C, D, dt_bias, zz, y, idx,
+        rs.cursor, rs.x, rs.B, rs.dt, rd_d, rd_s,
+        P, N, L, H // G,
+        x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),
+        B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
+        zz.stride(0), zz.stride(1), zz.stride(2), y.stride(0), y.stride(1), y.stride(2),
+        *_buffer_strides(rs), *_ckpt_strides(rs),
+        T=T, BLOCK_T=_np2(T), BLOCK_P=block_p, ROW_CHUNKS=chunks, BLOCK_N=block_n, BLOCK_L=block_l,
+        HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has, EXACT=_interpreting(),
+        num_warps=warps)
+    return [launch], y
+
+
+def verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
+    """Launch speculative verification of T drafts. x [b, T, H, P], dt [b, T, H],
+    B/C [b, T, G, N], z [b, T, H, P] or None. Returns y [b, T, H, P]; cursor unchanged."""
+    launches, y = plan_verify(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out)
+    _run(launches)
+    return y
+
+
+# ----------------------------------------------------------------------------- offline compile
+_TL_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
+             torch.float8_e4m3fn: "fp8e4nv", torch.int32: "i32", torch.int64: "i64"}
+
+
+def compile_offline(launch: Launch, arch: int = 90) -> dict:
+    """Compile a recorded launch for CUDA sm_<arch> without a GPU (Triton's bundled LLVM and
+    ptxas) and report ptxas' resource use: {'regs', 'spill_stores', 'spill_loads', 'ptx'}.
+
+    Specialises as the JIT does at launch (tensors 16-byte aligned, ints divisible by 16
+    marked so, ints equal to 1 as constants). Needs TRITON_INTERPRET unset in this process;
+    plans may be built from tensors on the 'meta' device (only dtypes and strides matter).
+    """
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = launch.kernel
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError("compile_offline needs TRITON_INTERPRET unset (kernels are interpreted)")
+    meta = dict(launch.meta)
+    num_warps = meta.pop("num_warps")
+    if "EXACT" in meta:
+        meta["EXACT"] = False        # GPU code path (hardware conversions, bf16 MMAs)
+    sig, consts, attrs = {}, dict(meta), {}
+    for i, (name, a) in enumerate(zip(kernel.arg_names, launch.args)):
+        if isinstance(a, torch.Tensor):
+            sig[name] = "*" + _TL_TYPES[a.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(a, bool):
+            sig[name], consts[name] = "constexpr", a
+        elif isinstance(a, int):
+            if a == 1:
+                sig[name], consts[name] = "constexpr", 1
+                continue
+            sig[name] = "i32" if -2 ** 31 <= a < 2 ** 31 else "i64"
+            if a % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise TypeError(f"argument {name}: {type(a).__name__}")
+    for name in meta:
+        sig[name] = "constexpr"
+    compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": num_warps})
+    ptx = compiled.asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        raise RuntimeError("ptxas not found")
+    suffix = "a" if arch >= 90 else ""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([ptxas, f"-arch=sm_{arch}{suffix}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+    return {"regs": int(regs.group(1)) if regs else None,
+            "spill_stores": int(spill.group(1)) if spill else 0,
+            "spill_loads": int(spill.group(2)) if spill else 0,
+            "ptx": ptx}

@@ -1,0 +1,542 @@
+"""Mamba-2 Triton kernels (replayssm.mamba2, backend='triton') against the exact reference.
+
+On a CPU-only machine the kernels run under TRITON_INTERPRET=1 (see conftest.py) at tiny
+shapes; on CUDA the same tests run on the GPU, plus real model dims at batch 1..512 and
+CUDA-graph capture/replay over >= 64 steps spanning flushes.
+
+The reference runs in float32 on the same inputs. Low-precision checkpoints (bf16 / fp8)
+are compared within one rounding step and then re-synchronised (triton -> reference), so
+a single rounding flip cannot cascade, while every output is held to the fp32 tolerance.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from replayssm import inputs as I
+from replayssm import mamba2 as M
+from replayssm import reference as R
+from replayssm.state import Mamba2ReplayState, dtype_of
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+DEVICES = [pytest.param(DEV, id=DEV)]
+
+TOL_F32 = 1e-4        # fp32 outputs / fp32 state (the output-only route reorders sums)
+TOL_BF16_OUT = 8e-3   # bf16 outputs: one bf16 rounding (2^-8) relative to the largest element
+ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float8_e4m3fn: 2.0 ** -3}
+
+TINY = I.Mamba2Shape(nheads=4, head_dim=5, d_state=8, n_groups=2)   # 2 heads per group
+
+
+# ----------------------------------------------------------------------------- helpers
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| (norm-wise relative error); NaN anywhere fails."""
+    a, b = a.double().cpu(), b.double().cpu()
+    assert torch.isfinite(a).all(), "non-finite values in the kernel result"
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def out_tol(act) -> float:
+    return TOL_F32 if act in (torch.float32, torch.float64) else TOL_BF16_OUT
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def poisoned(like: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(like, float("nan"))
+
+
+def make_pair(shape, slots, L, K, mode="replay", state_dtype="float32", lo_dtype=None, act=torch.float32,
+              g=None, cursor_lo=0):
+    """Two identical replay states (kernel, reference) with a random checkpoint, random
+    cursors in [cursor_lo, K-1] and every buffer row filled (rows past the cursor are
+    finite garbage that must be ignored)."""
+    H, P, N, G = shape.nheads, shape.head_dim, shape.d_state, shape.n_groups
+    rs = Mamba2ReplayState.allocate(slots, H, P, N, G, L, K, mode=mode, state_dtype=state_dtype,
+                                    lo_dtype=lo_dtype, act_dtype=act, device=DEV)
+    every = torch.arange(slots, device=DEV)
+    s0 = I.random_state(slots, H, P, N, device=DEV, gen=g)
+    rs.hi.write(every, s0)
+    if rs.lo is not None:
+        rs.lo.write(every, s0)
+    rs.cursor.copy_(torch.randint(cursor_lo, K, (slots,), generator=g).to(torch.int32))
+    rs.x.copy_(torch.randn(rs.x.shape, generator=g, dtype=torch.float64).to(act))
+    rs.B.copy_((torch.randn(rs.B.shape, generator=g, dtype=torch.float64) / N ** 0.5).to(act))
+    rs.dt.copy_(R.softplus(torch.randn(rs.dt.shape, generator=g, dtype=torch.float64) * 0.5 - 2).to(rs.dt.dtype))
+    return rs, copy.deepcopy(rs)
+
+
+def ckpt_check(a, b, what: str) -> None:
+    """Kernel checkpoint a vs reference b (state.Checkpoint), dequantised."""
+    every = torch.arange(a.data.shape[0], device=a.data.device)
+    x, y = a.read(every, torch.float32), b.read(every, torch.float32)
+    if a.data.dtype in (torch.float32, torch.float64):
+        assert rel_err(x, y) <= TOL_F32, f"{what}: rel err {rel_err(x, y):.3g}"
+        return
+    assert torch.isfinite(x).all(), f"{what}: non-finite"
+    ulp = ULP[a.data.dtype]
+    rowmax = y.abs().amax(-1, keepdim=True)
+    sub = 2.0 ** -9 if a.is_fp8 else 2.0 ** -24          # absolute quantum near zero (per unit scale)
+    lim = ulp * torch.maximum(x.abs(), y.abs()) + (sub + 1e-5) * rowmax + 1e-30
+    bad = (x - y).abs() > lim
+    assert not bad.any(), f"{what}: {int(bad.sum())} elements beyond one rounding step"
+    flips = ((x - y).abs() > 1e-5 * rowmax).float().mean().item()
+    assert flips <= 0.02, f"{what}: {flips:.1%} of elements differ (expected rare rounding flips)"
+
+
+def state_check(rs, rr, what: str) -> None:
+    assert torch.equal(rs.cursor, rr.cursor), f"{what}: cursor {rs.cursor.tolist()} vs {rr.cursor.tolist()}"
+    ckpt_check(rs.hi, rr.hi, f"{what}: hi")
+    if rs.lo is not None:
+        ckpt_check(rs.lo, rr.lo, f"{what}: lo")
+    valid = torch.arange(rs.capacity, device=rs.cursor.device)[None, :] < rs.cursor[:, None].long()   # [S, L]
+    assert torch.equal(rs.x[valid], rr.x[valid]), f"{what}: buffer x"
+    assert torch.equal(rs.B[valid], rr.B[valid]), f"{what}: buffer B"
+    if valid.any():
+        assert rel_err(rs.dt[valid], rr.dt[valid]) <= 1e-5, f"{what}: buffer dt"
+
+
+def resync(rs, rr) -> None:
+    """Copy the kernel's state into the reference's (after checking it)."""
+    for a, b in ((rs.hi, rr.hi), (rs.lo, rr.lo)):
+        if a is None:
+            continue
+        b.data.copy_(a.data)
+        if a.scale is not None:
+            b.scale.copy_(a.scale)
+    for t, u in ((rs.x, rr.x), (rs.B, rr.B), (rs.dt, rr.dt), (rs.cursor, rr.cursor)):
+        u.copy_(t)
+
+
+def low_precision(rs) -> bool:
+    return rs.hi.data.dtype not in (torch.float32, torch.float64) or rs.lo is not None
+
+
+def step_inputs(shape, batch, act, g, T=None, gate=True):
+    inp = I.mamba2_step_inputs(shape, batch, T=T, act_dtype=act, device="cpu", gate=gate, gen=g)
+    return {k: (v.to(DEV) if v is not None else None) for k, v in inp.items()}
+
+
+def params(shape, g):
+    return {k: v.to(DEV) for k, v in I.mamba2_params(shape, gen=g).items()}
+
+
+def run_steps(rs, rr, shape, idx, steps, act, g, gate=True, what=""):
+    """Drive both states `steps` steps; compare outputs (poisoned out) and state every step."""
+    p = params(shape, g)
+    flushes = 0
+    for t in range(steps):
+        inp = step_inputs(shape, idx.shape[0], act, g, gate=gate)
+        live = idx[idx >= 0].long()
+        flushes += int((rr.cursor[live] + 1 >= rr.flush_period).sum())
+        out = poisoned(inp["x"])
+        y = M.replay_step(rs, **inp, **p, state_indices=idx, out=out)
+        assert y is out
+        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx)
+        assert rel_err(y, yr) <= out_tol(act), f"{what} step {t}: y rel err {rel_err(y, yr):.3g}"
+        assert (y[idx < 0] == 0).all(), "padded rows must output 0"
+        state_check(rs, rr, f"{what} step {t}")
+        if low_precision(rs):
+            resync(rs, rr)
+    return flushes
+
+
+def force_config(monkeypatch, block_p, chunks, warps=4):
+    from replayssm.triton import mamba2 as tk
+    for key in list(tk.CONFIG_TABLE):
+        monkeypatch.setitem(tk.CONFIG_TABLE, key, (block_p, chunks, warps))
+
+
+IDX4 = [5, -1, 2, 0]   # permuted slots, one padded row; slots 1, 3, 4, 6 are never addressed
+
+
+# ----------------------------------------------------------------------------- eager
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype,act,gate", [
+    ("float32", torch.float32, True),
+    ("float32", torch.bfloat16, False),
+    ("bfloat16", torch.bfloat16, True),
+    ("float16", torch.float32, True),
+])
+def test_eager_step(device, state_dtype, act, gate):
+    g = gen(1)
+    p = params(TINY, g)
+    st = I.random_state(7, TINY.nheads, TINY.head_dim, TINY.d_state, dtype=dtype_of(state_dtype), device=device, gen=g)
+    sr = st.clone()
+    idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
+    for t in range(2):
+        inp = step_inputs(TINY, 4, act, g, gate=gate)
+        out = poisoned(inp["x"])
+        y = M.eager_step(st, **inp, **p, state_indices=idx, out=out)
+        yr = R.mamba2_eager_step(sr, **inp, **p, state_indices=idx)
+        assert rel_err(y, yr) <= out_tol(act)
+        assert (y[1] == 0).all()
+        if st.dtype == torch.float32:
+            assert rel_err(st, sr) <= TOL_F32
+        else:  # one rounding of the new state; untouched slots bit-identical
+            assert ((st.float() - sr.float()).abs() <= ULP[st.dtype] * sr.float().abs() + 1e-6).all()
+            sr.copy_(st)
+        assert torch.equal(st[[1, 3, 4, 6]], sr[[1, 3, 4, 6]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_no_indices_and_counter(device):
+    """state_indices=None addresses slot b; the byte counter matches the reference's."""
+    from replayssm.state import ByteCounter
+    g = gen(2)
+    p = params(TINY, g)
+    st = I.random_state(3, TINY.nheads, TINY.head_dim, TINY.d_state, device=device, gen=g)
+    sr = st.clone()
+    inp = step_inputs(TINY, 3, torch.float32, g)
+    c1, c2 = ByteCounter(), ByteCounter()
+    y = M.eager_step(st, **inp, **p, counter=c1)
+    yr = M.eager_step(sr, **inp, **p, counter=c2, backend="reference")
+    assert rel_err(y, yr) <= TOL_F32 and rel_err(st, sr) <= TOL_F32
+    assert c1 == c2
+
+
+# ----------------------------------------------------------------------------- replay step
+REPLAY_CASES = [
+    # id                    mode          state      lo             act             K  L  gate
+    ("replay-f32",          "replay",     "float32", None,          torch.float32,  3, 4, True),
+    ("replay-f32-K1",       "replay",     "float32", None,          torch.float32,  1, 2, False),
+    ("replay-bf16state",    "replay",     "bfloat16", None,         torch.bfloat16, 3, 3, True),
+    ("dual-bf16",           "dual",       "float32", "bfloat16",    torch.float32,  3, 5, True),
+    ("dual-fp8",            "dual",       "float32", "float8_e4m3", torch.float32,  2, 3, True),
+    ("shared-low-bf16",     "shared-low", "float32", "bfloat16",    torch.float32,  3, 4, False),
+    ("shared-low-fp8",      "shared-low", "float32", "float8_e4m3", torch.bfloat16, 3, 4, True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
+def test_replay_steps(device, case):
+    """>= 3 flushes per sequence, mixed cursors in one batch, padded row, every mode."""
+    name, mode, sd, lo, act, K, L, gate = case
+    g = gen(10)
+    rs, rr = make_pair(TINY, 7, L, K, mode, sd, lo, act, g)
+    untouched = [t.clone() for t in (rs.hi.data, rs.x)]
+    idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
+    flushes = run_steps(rs, rr, TINY, idx, 3 * K + 1, act, g, gate=gate, what=name)
+    assert flushes >= 9
+    for before, now in zip(untouched, (rs.hi.data, rs.x)):
+        assert torch.equal(before[[1, 3, 4, 6]], now[[1, 3, 4, 6]]), "an unaddressed slot was written"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_p,chunks", [(8, 1), (8, 2), (4, 0)])
+def test_replay_row_tiling(device, block_p, chunks, monkeypatch):
+    """head_dim 10 (like 80 scaled down) with several row tilings: split heads, two chunks
+    per program with a ragged tail, the whole head in one program."""
+    force_config(monkeypatch, block_p, chunks)
+    shape = I.Mamba2Shape(nheads=2, head_dim=10, d_state=8, n_groups=1)
+    g = gen(20)
+    rs, rr = make_pair(shape, 4, 4, 3, "dual", "float32", "float8_e4m3", torch.float32, g)
+    idx = torch.tensor([3, 0, -1], dtype=torch.int32, device=device)
+    run_steps(rs, rr, shape, idx, 4, torch.float32, g, what=f"tiling {block_p}x{chunks}")
+    # eager with the same tiling
+    p = params(shape, g)
+    st = I.random_state(4, 2, 10, 8, device=device, gen=g)
+    sr = st.clone()
+    inp = step_inputs(shape, 3, torch.float32, g)
+    y = M.eager_step(st, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
+    yr = R.mamba2_eager_step(sr, **inp, **p, state_indices=idx)
+    assert rel_err(y, yr) <= TOL_F32 and rel_err(st, sr) <= TOL_F32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=["tf32x3", "bf16x3"])
+def test_replay_dot_fold(device, act):
+    """Tiles with every dim >= 16: the flush fold (fused in the step, and in commit's fold)
+    runs on tl.dot: tf32x3 for an fp32 buffer, bf16x3 for a bf16 one; K < L."""
+    from replayssm.triton import mamba2 as tk
+    assert tk._block_l(16, 16, 16) == (16, True)
+    shape = I.Mamba2Shape(nheads=2, head_dim=16, d_state=16, n_groups=1)
+    g = gen(30)
+    rs, rr = make_pair(shape, 3, 16, 12, "replay", "float32", None, act, g, cursor_lo=8)
+    assert tk._fold_precision(rs) == ("bf16x3" if act == torch.bfloat16 else tk.FOLD_DOT_PRECISION)
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    assert run_steps(rs, rr, shape, idx, 5, act, g, what="dot") >= 2
+    rs.cursor[1] = rr.cursor[1] = 11          # commit pushes slot 1 over K: fold kernel
+    acc = torch.tensor([0, 3], dtype=torch.int32, device=device)
+    idx2 = torch.tensor([2, 1], dtype=torch.int32, device=device)
+    A = params(shape, g)["A"]
+    M.commit(rs, A, acc, state_indices=idx2)
+    R.mamba2_commit(rr, A, acc, state_indices=idx2)
+    state_check(rs, rr, "dot commit")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replay_no_indices_counter_and_deferred_cursor(device):
+    """state_indices=None; rs.counter counts like the reference; advance_cursor=False
+    leaves the cursor for one advance_cursors pass (layers sharing a cursor)."""
+    from replayssm.state import ByteCounter
+    g = gen(40)
+    rs, rr = make_pair(TINY, 3, 4, 3, "replay", "float32", None, torch.float32, g)
+    rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    p = params(TINY, g)
+    inp = step_inputs(TINY, 3, torch.float32, g)
+    before = rs.cursor.clone()
+    y = M.replay_step(rs, **inp, **p, advance_cursor=False)
+    assert torch.equal(rs.cursor, before)
+    M.advance_cursors(rs, 3)
+    yr = R.mamba2_replay_step(rr, **inp, **p)
+    assert rel_err(y, yr) <= TOL_F32
+    state_check(rs, rr, "deferred cursor")
+    assert rs.counter == rr.counter
+
+
+# ----------------------------------------------------------------------------- flush, verify, commit
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "float8_e4m3")])
+def test_flush(device, mode, lo):
+    g = gen(50)
+    rs, rr = make_pair(TINY, 7, 5, 4, mode, "float32", lo, torch.float32, g, cursor_lo=0)
+    rs.cursor[2] = rr.cursor[2] = 0                       # a slot with nothing to fold
+    A = params(TINY, g)["A"]
+    slots = torch.tensor([2, -1, 5, 0], dtype=torch.int32, device=device)
+    M.flush(rs, A, slots)
+    R.mamba2_flush(rr, A, slots[slots >= 0].long())
+    state_check(rs, rr, "flush(slots)")
+    if low_precision(rs):
+        resync(rs, rr)
+    M.flush(rs, A)
+    R.mamba2_flush(rr, A)
+    state_check(rs, rr, "flush(all)")
+    assert (rs.cursor == 0).all()
+
+
+SPEC_CASES = [
+    # id                 mode          state      lo             act             T
+    ("replay-f32",       "replay",     "float32", None,          torch.float32,  3),
+    ("dual-fp8",         "dual",       "float32", "float8_e4m3", torch.float32,  2),
+    ("shared-low-bf16",  "shared-low", "float32", "bfloat16",    torch.bfloat16, 2),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", SPEC_CASES, ids=[c[0] for c in SPEC_CASES])
+def test_verify_commit(device, case):
+    """verify T drafts -> commit a random accepted count (device tensor), interleaved with
+    plain steps; the commit's flush decision is made on the device."""
+    name, mode, sd, lo, act, T = case
+    K, L = 3, 3 + T
+    g = gen(60)
+    rs, rr = make_pair(TINY, 7, L, K, mode, sd, lo, act, g)
+    p = params(TINY, g)
+    idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
+    for cycle in range(3):
+        if cycle == 1:   # a plain step between speculative rounds
+            run_steps(rs, rr, TINY, idx, 1, act, g, what=f"{name} plain")
+        inp = step_inputs(TINY, 4, act, g, T=T)
+        out = poisoned(inp["x"])
+        y = M.verify(rs, **inp, **p, state_indices=idx, out=out)
+        yr = R.mamba2_verify(rr, **inp, **p, state_indices=idx)
+        assert rel_err(y, yr) <= out_tol(act), f"{name} cycle {cycle}: y"
+        assert (y[1] == 0).all()
+        # drafts are in the buffer at cursor..cursor+T-1
+        for b, s in enumerate(IDX4):
+            if s >= 0:
+                n = int(rr.cursor[s])
+                assert torch.equal(rs.x[s, n:n + T], rr.x[s, n:n + T])
+                assert torch.equal(rs.B[s, n:n + T], rr.B[s, n:n + T])
+        acc = torch.randint(0, T + 1, (4,), generator=g).to(device=device, dtype=torch.int32)
+        M.commit(rs, p["A"], acc, state_indices=idx)
+        R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
+        state_check(rs, rr, f"{name} cycle {cycle}: commit")
+        if low_precision(rs):
+            resync(rs, rr)
+
+
+# ----------------------------------------------------------------------------- CUDA only
+MODEL_DIMS = {   # MODELS.md
+    "nemotron-3-nano-4b": I.Mamba2Shape(nheads=96, head_dim=80, d_state=128, n_groups=8),
+    "nemotron-3-super-120b": I.Mamba2Shape(nheads=128, head_dim=64, d_state=128, n_groups=8),
+}
+cuda_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (real dims, CUDA graphs)")
+
+
+@cuda_only
+@pytest.mark.parametrize("model", list(MODEL_DIMS))
+@pytest.mark.parametrize("batch", [1, 3, 64, 512])
+def test_real_dims_cuda(model, batch):
+    shape = MODEL_DIMS[model]
+    H, P, N = shape.nheads, shape.head_dim, shape.d_state
+    g = gen(70)
+    p = params(shape, g)
+    idx = torch.randperm(batch + 2, generator=g)[:batch].to(device=DEV, dtype=torch.int32)
+    if batch > 2:
+        idx[1] = -1
+    for sd, act in (("float32", torch.bfloat16), ("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        st = I.random_state(batch + 2, H, P, N, dtype=dtype_of(sd), device=DEV, gen=g)
+        sr = st.clone()
+        inp = step_inputs(shape, batch, act, g)
+        y = M.eager_step(st, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
+        yr = R.mamba2_eager_step(sr, **inp, **p, state_indices=idx)
+        assert rel_err(y, yr) <= out_tol(act), f"eager {sd} {act}"
+    for mode, lo in (("replay", None), ("dual", "float8_e4m3"), ("dual", "bfloat16")):
+        rs, rr = make_pair(shape, batch + 2, 16, 8, mode, "float32", lo, torch.float32, g)
+        run_steps(rs, rr, shape, idx, 9, torch.float32, g, what=f"{model} b{batch} {mode}")
+
+
+def _graph(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()            # compile + warm up outside the capture (on scratch state)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    return g
+
+
+@cuda_only
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "float8_e4m3"), ("shared-low", "bfloat16")])
+def test_cuda_graph_replay(mode, lo):
+    """One captured replay_step (kernel + cursor pass) replayed 72 steps (K = 8: every
+    sequence flushes 9 times), checked against the reference after every replay."""
+    shape = MODEL_DIMS["nemotron-3-nano-4b"]
+    batch, K, L = 32, 8, 8
+    g = gen(80)
+    p = params(shape, g)
+    rs, rr = make_pair(shape, batch + 4, L, K, mode, "float32", lo, torch.float32, g)
+    idx = torch.randperm(batch + 4, generator=g)[:batch].to(device=DEV, dtype=torch.int32)
+    idx[[3, 17]] = -1
+    static = step_inputs(shape, batch, torch.float32, g)
+    out = torch.empty_like(static["x"])
+    scratch = copy.deepcopy(rs)
+    graph = _graph(lambda: M.replay_step(scratch, **static, **p, state_indices=idx, out=out))
+    with torch.cuda.graph(graph):
+        M.replay_step(rs, **static, **p, state_indices=idx, out=out)
+    for t in range(72):
+        new = step_inputs(shape, batch, torch.float32, g)
+        for k, v in new.items():
+            static[k].copy_(v)
+        out.fill_(float("nan"))
+        graph.replay()
+        yr = R.mamba2_replay_step(rr, **new, **p, state_indices=idx)
+        assert rel_err(out, yr) <= TOL_F32, f"graph step {t}"
+        state_check(rs, rr, f"graph step {t}")
+        if low_precision(rs):
+            resync(rs, rr)
+
+
+@cuda_only
+def test_cuda_graph_eager():
+    shape = MODEL_DIMS["nemotron-3-nano-4b"]
+    batch = 16
+    g = gen(81)
+    p = params(shape, g)
+    st = I.random_state(batch, shape.nheads, shape.head_dim, shape.d_state, device=DEV, gen=g)
+    sr = st.clone()
+    static = step_inputs(shape, batch, torch.float32, g)
+    out = torch.empty_like(static["x"])
+    scratch = st.clone()
+    graph = _graph(lambda: M.eager_step(scratch, **static, **p, out=out))
+    with torch.cuda.graph(graph):
+        M.eager_step(st, **static, **p, out=out)
+    for t in range(64):
+        new = step_inputs(shape, batch, torch.float32, g)
+        for k, v in new.items():
+            static[k].copy_(v)
+        graph.replay()
+        yr = R.mamba2_eager_step(sr, **new, **p)
+        assert rel_err(out, yr) <= TOL_F32 and rel_err(st, sr) <= TOL_F32, f"graph step {t}"
+
+
+@cuda_only
+def test_cuda_graph_spec():
+    """verify + commit captured together (accepted counts from a device tensor), 64 rounds."""
+    shape = MODEL_DIMS["nemotron-3-super-120b"]
+    batch, T, K, L = 16, 3, 8, 11
+    g = gen(82)
+    p = params(shape, g)
+    rs, rr = make_pair(shape, batch, L, K, "dual", "float32", "float8_e4m3", torch.float32, g)
+    idx = torch.arange(batch, device=DEV, dtype=torch.int32)
+    static = step_inputs(shape, batch, torch.float32, g, T=T)
+    acc = torch.zeros(batch, dtype=torch.int32, device=DEV)
+    out = torch.empty_like(static["x"])
+    scratch = copy.deepcopy(rs)
+
+    def round_(r):
+        M.verify(r, **static, **p, state_indices=idx, out=out)
+        M.commit(r, p["A"], acc, state_indices=idx)
+
+    graph = _graph(lambda: round_(scratch))
+    with torch.cuda.graph(graph):
+        round_(rs)
+    for t in range(64):
+        new = step_inputs(shape, batch, torch.float32, g, T=T)
+        for k, v in new.items():
+            static[k].copy_(v)
+        acc.copy_(torch.randint(0, T + 1, (batch,), generator=g).to(torch.int32))
+        graph.replay()
+        yr = R.mamba2_verify(rr, **new, **p, state_indices=idx)
+        R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
+        assert rel_err(out, yr) <= TOL_F32, f"spec round {t}"
+        state_check(rs, rr, f"spec round {t}")
+        resync(rs, rr)
+
+
+# ----------------------------------------------------------------------------- sm_90 compile (no GPU needed)
+_OFFLINE = r"""
+import json, os
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+from replayssm import inputs as I
+from replayssm.state import Mamba2ReplayState
+from replayssm.triton import mamba2 as tk
+
+sh, dev, b = I.Mamba2Shape(96, 80, 128, 8), "meta", 256     # Nemotron-3-Nano-4B, large bucket
+p = {k: v.to(dev) for k, v in I.mamba2_params(sh).items()}
+inp = lambda act, T=None: {k: v.to(dev) for k, v in I.mamba2_step_inputs(sh, b, T=T, act_dtype=act).items()}
+idx = torch.zeros(b, dtype=torch.int32, device=dev)
+acc = torch.zeros(b, dtype=torch.int32, device=dev)
+st = lambda dt: torch.zeros(b, 96, 80, 128, dtype=dt, device=dev)
+rs = lambda mode, lo=None, act=torch.bfloat16, K=16, L=16: Mamba2ReplayState.allocate(
+    b, 96, 80, 128, 8, L, K, mode=mode, lo_dtype=lo, act_dtype=act, device=dev)
+plans = {
+    "eager fp32": tk.plan_eager_step(st(torch.float32), **inp(torch.bfloat16), **p, state_indices=idx)[0],
+    "eager bf16": tk.plan_eager_step(st(torch.bfloat16), **inp(torch.bfloat16), **p, state_indices=idx)[0],
+    "replay fp32": tk.plan_replay_step(rs("replay"), **inp(torch.bfloat16), **p, state_indices=idx)[0],
+    "replay dual fp8": tk.plan_replay_step(rs("dual", "float8_e4m3"), **inp(torch.bfloat16), **p,
+                                           state_indices=idx)[0],
+    "replay fp32 acts (tf32x3)": tk.plan_replay_step(rs("replay", act=torch.float32), **inp(torch.float32), **p,
+                                                     state_indices=idx, advance=False)[0],
+    "commit dual bf16": tk.plan_commit(rs("dual", "bfloat16", K=16, L=20), p["A"], acc, idx),
+    "verify T4 dual fp8": tk.plan_verify(rs("dual", "float8_e4m3", K=16, L=20), **inp(torch.bfloat16, T=4), **p,
+                                         state_indices=idx)[0],
+}
+out = {}
+for name, launches in plans.items():
+    for launch in launches:
+        r = tk.compile_offline(launch)
+        r.pop("ptx")
+        out[f"{name}: {launch.kernel.__name__}"] = r
+print(json.dumps(out))
+"""
+
+
+def test_compiles_for_sm90():
+    """Every kernel compiles for sm_90 at real dims (Triton's LLVM + bundled ptxas, no GPU):
+    no register spills, and registers stay where the launch table assumes them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import triton
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton's bundled ptxas is not available")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _OFFLINE], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    for name, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{name} spills: {r}"
+        assert r["regs"] is not None and r["regs"] <= 128, f"{name} uses {r['regs']} registers"
