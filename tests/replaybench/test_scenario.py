@@ -19,13 +19,15 @@ def test_smoke_scenario_loads():
     assert sc.name == "smoke" and sc.runner == "kernel"
     ids = [c.case_id for c in sc.cases]
     assert len(ids) == len(set(ids))
-    # per model x backend: eager 2 batches + 3 replay methods x 2 batches x 3 (L,K) pairs
-    assert len(sc.cases) == 2 * 2 * (2 + 3 * 2 * 3)
+    # reference block, per model: eager x 2 batches + 3 replay methods x 2 batches x 5 valid (L,K)
+    # pairs (K=16 > L=8 skipped); triton block, per model: 4 methods at one configuration
+    assert len(sc.cases) == 2 * (2 + 3 * 2 * 5) + 2 * 4
     assert {c.model for c in sc.cases} == {"tiny-mamba2", "tiny-gdn"}
     assert {c.op for c in sc.cases if c.model == "tiny-gdn"} == {"gdn"}
     assert {c.op for c in sc.cases if c.model == "tiny-mamba2"} == {"mamba2"}
     assert {(c.buffer_len, c.flush_period) for c in sc.cases if c.method == "replay"} == \
-        {(8, 8), (16, 8), (16, 16)}
+        {(8, 4), (8, 8), (16, 4), (16, 8), (16, 16)}
+    assert {c.backend for c in sc.cases} == {"reference", "triton"}
     assert all(c.device == "" for c in sc.cases)
     assert sc.timing.max_samples <= 10  # CPU smoke stays fast
 
