@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-ceilings", action="store_true",
                    help="skip measuring copy/read/matmul ceilings (pct_copy_bw stays empty)")
     s.add_argument("--retry-errors", action="store_true", help="redo cases whose row is an error")
+    s.add_argument("--ncu", action="store_true",
+                   help="also measure DRAM bytes per step with Nsight Compute (GPU, kernel runner)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--fail-on-error", action="store_true", help="exit 1 if any row is an error")
 
@@ -145,7 +147,7 @@ def cmd_sweep(args, argv) -> int:
                         reports_dir=args.reports_dir, run_id=args.run_id, new=args.new,
                         argv=["replaybench"] + argv, report=not args.no_report,
                         progress=not args.no_progress, measure_ceilings=not args.no_ceilings,
-                        retry_errors=args.retry_errors)
+                        retry_errors=args.retry_errors, ncu=args.ncu)
     except (RunnerError, StoreError) as e:
         _err(str(e))
         return 2

@@ -137,10 +137,26 @@ def _num(v: Any) -> float | None:
     return None if f != f else f
 
 
+def _ncu_columns(case: Case, metrics: dict) -> dict:
+    """Measured DRAM bytes per step (Nsight Compute) beside the modelled bytes; a failure of
+    the profiler is recorded in ncu_error and does not fail the case."""
+    if case.runner != "kernel" or case.backend == "reference" or not str(case.device).startswith("cuda"):
+        return {}
+    from .ncu import measure_dram
+    try:
+        cols = measure_dram(case)
+    except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+        return {"ncu_error": f"{type(e).__name__}: {str(e)[:300]}"}
+    model = metrics.get("bytes_model")
+    if model:
+        cols["dram_vs_model"] = cols["dram_bytes"] / model
+    return cols
+
+
 def run_sweep(scenario: Scenario, *, device: str = "auto", results_dir: str | Path = "results",
               reports_dir: str | Path = "reports", run_id: str | None = None, new: bool = False,
               argv: list[str] | None = None, report: bool = True, progress: bool = True,
-              measure_ceilings: bool = True, retry_errors: bool = False) -> SweepResult:
+              measure_ceilings: bool = True, retry_errors: bool = False, ncu: bool = False) -> SweepResult:
     """Run (or resume) a scenario.  Raises RunnerError/StoreError before writing anything
     when the runner cannot be imported or the run id belongs to another scenario."""
     from . import runners
@@ -197,6 +213,8 @@ def run_sweep(scenario: Scenario, *, device: str = "auto", results_dir: str | Pa
                 metrics = runner.run(case, ctx)
                 if not isinstance(metrics, dict):
                     raise TypeError(f"runner returned {type(metrics).__name__}, expected dict")
+                if ncu:
+                    metrics.update(_ncu_columns(case, metrics))
                 row = make_row(case, metrics, run_id=rid, device_label=label, ceilings=ceilings,
                                wall_s=time.perf_counter() - t0)
             except runners.SkipCase as e:
