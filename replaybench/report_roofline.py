@@ -1,0 +1,137 @@
+"""Roofline, measured-vs-modelled traffic and the peer comparison, from stored rows only.
+
+    fig_roofline          one point per kernel x method: arithmetic intensity (modelled FLOPs /
+                          modelled bytes) vs achieved FLOP/s, under the run's measured ceilings
+                          (copy and read bandwidth roofs, bf16 matmul roof)
+    fig_traffic_measured  modelled vs Nsight-Compute-measured DRAM bytes per step (rows with
+                          dram_bytes, from `sweep --ncu`); differences > 10 % are listed
+    peer_table            per model / batch / state dtype: each method's median and its speedup
+                          over vLLM's eager kernel and over our eager kernel, same run
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+TRAFFIC_TOLERANCE = 0.10
+PEER = "vllm-eager"
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["status"] == "ok") & df["median_us"].notna() & (df["median_us"] > 0)].copy()
+
+
+def _label(r) -> str:
+    lab = r["method"]
+    if r.get("lo_dtype") not in (None, "none") and isinstance(r.get("lo_dtype"), str):
+        lab += f" ({r['state_dtype']}+{r['lo_dtype']})"
+    else:
+        lab += f" ({r['state_dtype']})"
+    return lab
+
+
+def fig_roofline(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path | None:
+    """Roofline at the largest batch of the run (None when the rows carry no FLOPs)."""
+    ok = _ok(df)
+    if "flops_model" not in ok or ok["flops_model"].isna().all() or not len(ok):
+        return None
+    ok = ok[ok["flops_model"].notna() & ok["bytes_model"].notna()]
+    ok = ok[ok["batch"] == ok["batch"].max()]
+    ceil = manifest.get("ceilings") or {}
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    ai = ok["flops_model"] / ok["bytes_model"]
+    rate = ok["flops_model"] / (ok["median_us"] * 1e-6) / 1e12                 # TFLOP/s
+    x = np.logspace(np.log10(max(ai.min() / 4, 1e-2)), np.log10(max(ai.max() * 1e3, 10)), 200)
+    mm = ceil.get("matmul_tflops")
+    for key, style, name in (("copy_gbps", "-", "copy"), ("read_gbps", "--", "read")):
+        if ceil.get(key):
+            roof = ceil[key] * 1e9 * x / 1e12
+            if mm:
+                roof = np.minimum(roof, mm)
+            ax.plot(x, roof, style, color="0.3", lw=1.2, label=f"{name} roof {ceil[key]:.0f} GB/s (measured)")
+    if mm:
+        ax.axhline(mm, color="0.6", lw=1, ls=":", label=f"bf16 matmul {mm:.0f} TFLOP/s (measured)")
+    methods = sorted(ok["method"].unique())
+    cmap = plt.get_cmap("tab10")
+    markers = {"mamba2": "o", "gdn": "s"}
+    for i, m in enumerate(methods):
+        sub = ok[ok["method"] == m]
+        for op, g in sub.groupby("op"):
+            ax.scatter(ai[g.index], rate[g.index], color=cmap(i % 10), marker=markers.get(op, "^"), s=36,
+                       edgecolor="k", linewidth=0.4, label=f"{m} ({op})", zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity [FLOP / byte] (modelled)")
+    ax.set_ylabel("achieved [TFLOP/s] (modelled FLOPs / measured time)")
+    dev = (manifest.get("device") or {}).get("name", "")
+    ax.set_title(f"Roofline, batch {int(ok['batch'].max())}, {dev}")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    png, _ = save(fig, out_dir, "roofline")
+    return png
+
+
+def traffic_mismatches(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose measured DRAM bytes differ from the model by more than 10 %."""
+    ok = _ok(df)
+    if "dram_bytes" not in ok:
+        return ok.iloc[0:0]
+    ok = ok[ok["dram_bytes"].notna()]
+    ratio = ok["dram_bytes"] / ok["bytes_model"]
+    return ok[(ratio - 1).abs() > TRAFFIC_TOLERANCE].assign(dram_vs_model=ratio)
+
+
+def fig_traffic_measured(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path | None:
+    """Modelled vs measured bytes per step (one bar pair per case with ncu data)."""
+    ok = _ok(df)
+    if "dram_bytes" not in ok or ok["dram_bytes"].isna().all():
+        return None
+    ok = ok[ok["dram_bytes"].notna()].sort_values(["model", "method", "batch"])
+    labels = [f"{r.model.split('-')[0][:4]}…{r.model[-8:]} {r.method} b{r.batch}" for r in ok.itertuples()]
+    y = np.arange(len(ok))
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(ok) + 1.8))
+    ax.barh(y - 0.2, ok["bytes_model"] / 1e6, height=0.4, label="modelled", color="#1f77b4")
+    ax.barh(y + 0.2, ok["dram_bytes"] / 1e6, height=0.4, label="measured (ncu DRAM read+write)", color="#ff7f0e")
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("MB per decode step (one layer, whole batch)")
+    ax.set_title("Modelled vs measured memory traffic")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    png, _ = save(fig, out_dir, "traffic_measured")
+    return png
+
+
+def peer_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Each method's median vs vLLM's eager kernel and our eager kernel (same model, batch, state dtype)."""
+    ok = _ok(df)
+    if not len(ok):
+        return ok
+    keys = ["model", "batch", "state_dtype"]
+    base = {}
+    for name in ("eager", PEER):
+        b = ok[ok["method"] == name]
+        if name == "eager":
+            b = b[b["backend"] == "triton"] if (b["backend"] == "triton").any() else b
+        base[name] = b.groupby(keys)["median_us"].min()
+    rows = []
+    for r in ok.itertuples():
+        k = (r.model, r.batch, r.state_dtype)
+        peer = base[PEER].get(k)
+        ours = base["eager"].get(k)
+        rows.append({"model": r.model, "method": r.method, "backend": r.backend, "batch": r.batch,
+                     "buffer_len": r.buffer_len, "flush_period": r.flush_period, "state_dtype": r.state_dtype,
+                     "lo_dtype": r.lo_dtype, "median_us": r.median_us,
+                     "pct_copy_bw": getattr(r, "pct_copy_bw", float("nan")),
+                     "vs_vllm_eager": (peer / r.median_us) if peer else float("nan"),
+                     "vs_our_eager": (ours / r.median_us) if ours else float("nan")})
+    out = pd.DataFrame(rows)
+    return out.sort_values(["model", "state_dtype", "method", "lo_dtype", "buffer_len", "batch"]).reset_index(drop=True)
