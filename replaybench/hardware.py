@@ -153,6 +153,11 @@ def versions() -> dict:
             out[mod] = None
     if out["vllm"] is not None and importlib.util.find_spec("vllm") is None:
         out["vllm"] = None
+    elif out["vllm"] is None and importlib.util.find_spec("vllm") is not None:
+        # an import without distribution metadata: the kernels-only stub of
+        # tools/vllm_kernel_stub.py, whose __init__ only sets __version__ ('0.26.0+stub')
+        import vllm
+        out["vllm"] = getattr(vllm, "__version__", "unknown")
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = getattr(torch, "__version__", out["torch"])

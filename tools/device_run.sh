@@ -10,6 +10,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 RB=/tmp/rb; mkdir -p $RB/results $RB/reports $RB/logs
 python3 -m pip install -q --no-deps --no-build-isolation -e . >$RB/logs/install.log 2>&1 || { cat $RB/logs/install.log; exit 1; }
 [ -d .vllm-stub ] && export PYTHONPATH="$PWD/.vllm-stub:${PYTHONPATH:-}"
+# the tree arrives without .git: tools/git_sha.sh wrote the sha + dirty flag into .git-sha
+[ -f .git-sha ] && export REPLAYBENCH_GIT_SHA="$(cat .git-sha)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv | tee $RB/logs/gpu.txt
 IFS=';' read -ra STEPS <<< "${1:-tests}"
 for s in "${STEPS[@]}"; do
