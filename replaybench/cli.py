@@ -1,4 +1,4 @@
-"""``replaybench sweep | report | check | models | env``.
+"""``replaybench sweep | report | check | models | memory | env``.
 
 Exit codes: 0 ok; 1 failure (regression in ``check``, report failure, error rows
 with --fail-on-error); 2 bad input (scenario errors, unknown run, runner not
@@ -88,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("names", nargs="*", help="models to show (scaled names like "
                    "'nemotron-3-nano-4b@d0.5w2' allowed); default all")
 
+    mm = sub.add_parser("memory", help="SSM-state bytes per request and max batch within a budget, per "
+                        "model and method (eager, per-draft slots, ReplaySSM, dual)")
+    mm.add_argument("names", nargs="*", help="models (default: the four study models)")
+    mm.add_argument("--budget-gb", type=float, default=80.0, help="SSM-state budget in GB (1e9 bytes; default 80)")
+    mm.add_argument("--spec-window", type=int, default=4, help="draft tokens per round T (default 4)")
+    mm.add_argument("--buffer-len", type=int, default=20, help="ReplaySSM buffer capacity L >= K + T (default 20)")
+    mm.add_argument("--flush-period", type=int, default=16, help="ReplaySSM flush period K (default 16)")
+
     e = sub.add_parser("env", help="device info and versions")
     e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     e.add_argument("--ceilings", action="store_true", help="also measure the ceilings")
@@ -103,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         return {"sweep": cmd_sweep, "report": cmd_report, "check": cmd_check,
-                "models": cmd_models, "env": cmd_env}[args.cmd](args, argv)
+                "models": cmd_models, "memory": cmd_memory, "env": cmd_env}[args.cmd](args, argv)
     except KeyboardInterrupt:
         _err("interrupted; rerun the same command to resume")
         return 130
@@ -194,6 +202,17 @@ def cmd_models(args, argv) -> int:
     except ValueError as e:
         _err(str(e))
         return 2
+    return 0
+
+
+def cmd_memory(args, argv) -> int:
+    from .memory import format_table, memory_table
+    try:
+        rows = memory_table(args.names or None, args.budget_gb, args.spec_window, args.buffer_len, args.flush_period)
+    except ValueError as e:
+        _err(str(e))
+        return 2
+    print(format_table(rows, args.budget_gb, args.spec_window, args.buffer_len, args.flush_period))
     return 0
 
 

@@ -33,7 +33,8 @@ METHOD_ORDER = list(METHODS)
 _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#7f7f7f", "#17becf"]
 METHOD_COLORS = {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(METHOD_ORDER)}
 BACKEND_STYLES = {"triton": ("-", "o"), "reference": ("--", "s"), "vllm": (":", "^")}
-FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg")
+FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg", "spec_speedup.*",
+                "memory.*")
 
 TABLE_COLUMNS = ["case_id", "method", "backend", "batch", "buffer_len", "flush_period",
                  "spec_window", "state_dtype", "lo_dtype", "median_us", "iqr_us", "samples",
@@ -572,6 +573,9 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
                         "Eager median / method median, same run, same model, batch, state dtype "
                         "and backend, at the largest batch; n/a = not measured or invalid (K > L).",
                         png))
+    from .report_spec import sections as spec_sections   # speculative decoding, SSM-state memory
+    extra_figures, extra_tables = spec_sections(df, out_dir, cpu)
+    figures += extra_figures
 
     rows_sorted = _sorted_rows(df) if len(df) else df
     errors = rows_sorted[rows_sorted["status"] == "error"] if len(df) else df
@@ -590,6 +594,8 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     for t, cap, p in figures:
         md += [f"## {t}", "", f"![{t}]({p.name})", "", f"_{cap}_ (vector: [{p.stem}.svg]({p.stem}.svg))", ""]
     md += ["## Speedups vs eager (same run)", "", _md_table(sp, sp_cols)]
+    for t, intro, tdf, cols in extra_tables:
+        md += [f"## {t}", "", intro, "", _md_table(tdf, cols)]
     md += [f"## Errors ({len(errors)})", "", _md_table(errors, ["case_id", "error"])]
     md += [f"## All rows ({len(df)})", "", _md_table(rows_sorted, TABLE_COLUMNS)]
     (out_dir / "report.md").write_text("\n".join(md), encoding="utf-8")
@@ -607,6 +613,8 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
         h.append(f"<h2>{html.escape(t)}</h2><figure><img alt='{html.escape(t)}' "
                  f"src='data:image/png;base64,{b64}'><figcaption>{html.escape(cap)}</figcaption></figure>")
     h.append("<h2>Speedups vs eager (same run)</h2>" + _html_table(sp, sp_cols))
+    for t, intro, tdf, cols in extra_tables:
+        h.append(f"<h2>{html.escape(t)}</h2><p>{html.escape(intro)}</p>" + _html_table(tdf, cols))
     h.append(f"<h2>Errors ({len(errors)})</h2>" + _html_table(errors, ["case_id", "error"]))
     h.append(f"<h2>All rows ({len(df)})</h2>" + _html_table(rows_sorted, TABLE_COLUMNS))
     h.append("</body></html>")

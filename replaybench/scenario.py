@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .accept import ALLOWED as ACCEPT_ALLOWED, DEFAULT as ACCEPT_DEFAULT, parse_accept, resolve_accept
 from .models import get_model, MODELS
 
 
@@ -53,7 +54,7 @@ METHODS: dict[str, MethodSpec] = {m.name: m for m in [
     MethodSpec("replay-dual", buffer=True, lo=True, needs_fp32_state=True),
     MethodSpec("replay-shared-low", buffer=True, lo=True, shared_low=True),
     MethodSpec("spec-replay", buffer=True, spec=True),
-    MethodSpec("spec-perdraft", buffer=True, spec=True),
+    MethodSpec("spec-perdraft", spec=True),           # 1 + T state slots per request, no buffer
     MethodSpec("vllm-eager", vllm=True),
     MethodSpec("vllm-spec", vllm=True, spec=True),
 ]}
@@ -78,6 +79,7 @@ AXES: dict[str, list[Any]] = {
     "state_dtype": ["float32"],
     "lo_dtype": ["bfloat16"],
     "spec_window": [4],
+    "accept": [ACCEPT_DEFAULT],  # acceptance model of speculative methods (replaybench.accept)
 }
 SWEEP_KEYS = tuple(AXES) + ("seed", "invalid")
 TOP_KEYS = ("scenario", "timing", "sweep")
@@ -120,6 +122,7 @@ class Case:
     lo_dtype: str               # low-precision copy dtype, or 'none'
     device: str = ""            # torch device ('cpu', 'cuda', 'cuda:1'); filled by the sweep
     seed: int = 0
+    accept: str = "none"        # speculative methods: acceptance model ("fixed:2", "uniform", "geom:0.7")
 
     def params(self) -> dict:
         """All fields as a plain dict."""
@@ -128,11 +131,14 @@ class Case:
 
 def make_case_id(model: str, method: str, backend: str, batch: int, buffer_len: int,
                  flush_period: int, spec_window: int, state_dtype: str, lo_dtype: str,
-                 seed: int = 0) -> str:
+                 seed: int = 0, accept: str = "none") -> str:
     """Readable, stable id from every case parameter (device and runner excluded,
-    so that runs on different devices can be matched by ``replaybench check``)."""
+    so that runs on different devices can be matched by ``replaybench check``).
+    Speculative cases append their acceptance model ("/acc=fixed:2")."""
     cid = (f"{model}/{method}/{backend}/b{batch}/L{buffer_len}/K{flush_period}/"
            f"T{spec_window}/{state_dtype}/{lo_dtype}")
+    if accept != "none":
+        cid += f"/acc={accept}"
     if seed:
         cid += f"/s{seed}"
     return cid
@@ -325,6 +331,11 @@ def _validate_axis(file: str, i: int, axis: str, raw: Any) -> list:
                 raise ScenarioError(file, key, f"invalid value {v!r}; allowed: integers "
                                     f"0..{MAX_SPEC_WINDOW} (1..{MAX_SPEC_WINDOW} for spec methods)")
             out.append(v)
+        elif axis == "accept":
+            try:
+                out.append(parse_accept(v))
+            except ValueError:
+                raise ScenarioError(file, key, f"invalid value {v!r}; allowed: {ACCEPT_ALLOWED}") from None
     # de-duplicate, keep order
     return list(dict.fromkeys(out))
 
@@ -355,8 +366,13 @@ def _resolve(combo: dict) -> dict:
     if spec.spec:
         if c["spec_window"] < 1:
             raise _Invalid("spec_window", f"{c['method']} needs spec_window in 1..{MAX_SPEC_WINDOW}, got 0")
+        try:
+            c["accept"] = resolve_accept(c["accept"], c["spec_window"])
+        except ValueError as e:
+            raise _Invalid("accept", str(e)) from None
     else:
         c["spec_window"] = 0
+        c["accept"] = "none"
     # precisions
     if spec.lo:
         if c["lo_dtype"] == "none":
@@ -385,7 +401,7 @@ def _resolve(combo: dict) -> dict:
 def _combo_id(c: dict, seed: int) -> str:
     K = c["flush_period"]
     return make_case_id(c["model"], c["method"], c["backend"], c["batch"], c["buffer_len"],
-                        K, c["spec_window"], c["state_dtype"], c["lo_dtype"], seed)
+                        K, c["spec_window"], c["state_dtype"], c["lo_dtype"], seed, c["accept"])
 
 
 def _expand_block(file: str, i: int, block: dict, runner: str,
@@ -427,7 +443,8 @@ def _expand_block(file: str, i: int, block: dict, runner: str,
                           op=get_model(c["model"]).op, method=c["method"],
                           backend=c["backend"], batch=c["batch"], buffer_len=c["buffer_len"],
                           flush_period=c["flush_period"], spec_window=c["spec_window"],
-                          state_dtype=c["state_dtype"], lo_dtype=c["lo_dtype"], seed=seed)
+                          state_dtype=c["state_dtype"], lo_dtype=c["lo_dtype"], seed=seed,
+                          accept=c["accept"])
 
 
 def _raw_desc(raw: dict, seed: int) -> str:
@@ -442,4 +459,5 @@ def _raw_desc(raw: dict, seed: int) -> str:
     T = raw["spec_window"] if spec.spec else 0
     lo = raw["lo_dtype"] if spec.lo else "none"
     state = lo if spec.shared_low and lo != "none" else raw["state_dtype"]
-    return make_case_id(raw["model"], raw["method"], backend, raw["batch"], L, K, T, state, lo, seed)
+    acc = raw["accept"] if spec.spec else "none"
+    return make_case_id(raw["model"], raw["method"], backend, raw["batch"], L, K, T, state, lo, seed, acc)

@@ -26,7 +26,7 @@ from .store import CONTRACT_COLUMNS, RunStore, StoreError, default_run_id, fresh
 # columns owned by the sweep; a runner's metrics cannot override them
 IDENTITY_COLUMNS = ("run_id", "case_id", "runner", "model", "op", "method", "backend", "batch",
                     "buffer_len", "flush_period", "spec_window", "state_dtype", "lo_dtype",
-                    "device", "torch_device", "seed", "status", "error")
+                    "device", "torch_device", "seed", "accept", "status", "error")
 MATERIALISE_EVERY_S = 15.0
 MAX_ERROR_CHARS = 300
 
@@ -115,7 +115,7 @@ def make_row(case: Case, metrics: dict | None, *, run_id: str, device_label: str
                buffer_len=case.buffer_len, flush_period=case.flush_period,
                spec_window=case.spec_window, state_dtype=case.state_dtype,
                lo_dtype=case.lo_dtype, device=device_label, torch_device=case.device,
-               seed=case.seed, status=status, error=error)
+               seed=case.seed, accept=getattr(case, "accept", "none"), status=status, error=error)
     med, nbytes = _num(row.get("median_us")), _num(row.get("bytes_model"))
     row["gbps"] = None
     row["pct_copy_bw"] = None

@@ -15,7 +15,11 @@ Per sequence, with S = state bytes of the copy read, r = bytes of one buffer row
     average          read ((K-1) S_read + S_hi)/K + r (K-1)/2 + in
                      write r (K-1)/K + (S_hi + S_lo)/K + out
 
-Speculative (one verify round of T drafts, m accepted on average; see spec_traffic).
+Speculative (per round: verify T tokens, commit m ~ the acceptance model; see spec_traffic):
+
+    spec-replay      read S_read + n r + T in     write T r + T out; a flush (read S_hi + folded
+                     entries, write S_hi (+ S_lo)) when the cursor passes K (spec_cursor_stats)
+    spec-perdraft    read S + T in               write T S + T out      (1 + T slots per request)
 """
 from __future__ import annotations
 
@@ -130,14 +134,56 @@ def replay_traffic(lb: LayerBytes, batch: int, flush_period: int) -> Traffic:
                           "io": batch * (lb.io_in + lb.io_out)})
 
 
-def spec_traffic(lb: LayerBytes, batch: int, flush_period: int, spec_window: int, accepted: float,
-                 perdraft: bool) -> Traffic:
-    """One verify round of T drafts with `accepted` committed on average, per round.
+def spec_cursor_stats(pmf, flush_period: int) -> tuple[float, float, float]:
+    """Long-run (mean cursor at verify, flushes per round, entries folded per round) of one
+    sequence whose commits draw m ~ pmf (P(m = k), k = 0..T) independently every round.
 
-    ReplaySSM: read the checkpoint once and the committed buffer rows, write T draft rows;
-    a flush (read + write the state, read the buffer) fires about every K/accepted rounds.
-    Per-draft baseline (vLLM's speculative path): read the accepted state, write one full
-    state per draft position (T slots).
+    The cursor n (committed entries since the last flush, < K at every verify) moves to
+    n + m, or, when n + m >= K, folds those n + m entries into the checkpoint and returns
+    to 0. One cycle from 0 back to 0 holds exactly one flush; v(n), the expected rounds spent
+    at cursor n per cycle, follows v(0) = 1 / (1 - p0), v(n) = sum_{j<n} v(j) p(n - j) / (1 - p0).
+    Fixed m: ceil(K / m) rounds per flush, m ceil(K / m) entries folded. m = 0 always: no
+    flush, cursors stay where they are (staggered: mean (K - 1) / 2)."""
+    K = max(int(flush_period), 1)
+    pmf = [float(q) for q in pmf]
+    T, p0 = len(pmf) - 1, pmf[0]
+    if p0 >= 1.0:
+        return (K - 1) / 2, 0.0, 0.0
+    v = [0.0] * K
+    v[0] = 1.0 / (1.0 - p0)
+    for n in range(1, K):
+        v[n] = sum(v[j] * pmf[n - j] for j in range(max(0, n - T), n)) / (1.0 - p0)
+    cycle = sum(v)
+    folded = sum(v[n] * pmf[m] * (n + m) for n in range(K) for m in range(1, T + 1) if n + m >= K)
+    return sum(n * v[n] for n in range(K)) / cycle, 1.0 / cycle, folded / cycle
+
+
+def _as_pmf(accepted, T: int) -> list[float]:
+    """A pmf over 0..T from a pmf sequence, or from a mean (two-point: floor / ceil)."""
+    if isinstance(accepted, (list, tuple)):
+        if len(accepted) != T + 1:
+            raise ValueError(f"accepted pmf needs T + 1 = {T + 1} entries, got {len(accepted)}")
+        return [float(q) for q in accepted]
+    m = min(max(float(accepted), 0.0), float(T))
+    lo = int(m)
+    pmf = [0.0] * (T + 1)
+    pmf[lo] += 1.0 - (m - lo)
+    if m > lo:
+        pmf[lo + 1] += m - lo
+    return pmf
+
+
+def spec_traffic(lb: LayerBytes, batch: int, flush_period: int, spec_window: int, accepted,
+                 perdraft: bool) -> Traffic:
+    """One speculative round of one layer: verify T tokens, commit m of them (accepted: the
+    pmf of m over 0..T, or its mean, taken as the two-point pmf floor/ceil), per round.
+
+    ReplaySSM (spec-replay): verify reads the read checkpoint once and the n committed buffer
+    rows (n = cursor), writes T draft rows and no state; commit is a cursor move, and a flush
+    (read + write the checkpoint(s), read the n + m entries it folds) fires when n + m >= K.
+    Cursor statistics: spec_cursor_stats.
+    Per-draft baseline (spec-perdraft, vLLM's speculative path): read the start state, write
+    the state after every token (T states); no buffer.
     """
     T = spec_window
     io = T * (lb.io_in + lb.io_out)
@@ -147,12 +193,10 @@ def spec_traffic(lb: LayerBytes, batch: int, flush_period: int, spec_window: int
                        flops=batch * T * lb.state_elems * lb.eager_flops_per_elem,
                        parts={"state_read": batch * s, "state_write": batch * T * s, "buffer_read": 0.0,
                               "buffer_write": 0.0, "io": batch * io})
-    K = flush_period
-    flush_rate = min(1.0, accepted / K) if accepted > 0 else 0.0      # flushes per round
-    mean_cursor = (K - 1) / 2                                          # committed rows read
+    mean_cursor, flush_rate, folded = spec_cursor_stats(_as_pmf(accepted, T), flush_period)
     state_read = lb.state_read + flush_rate * lb.state_hi
     state_write = flush_rate * (lb.state_hi + lb.state_lo)
-    buf_read = lb.row * mean_cursor * (1 + flush_rate)
+    buf_read = lb.row * (mean_cursor + folded)
     fl = lb.state_elems * (T * lb.replay_flops_per_elem + flush_rate * lb.eager_flops_per_elem)
     return Traffic(read_bytes=batch * (state_read + buf_read + T * lb.io_in),
                    write_bytes=batch * (state_write + T * lb.row + T * lb.io_out), flops=batch * fl,
@@ -172,8 +216,9 @@ def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str,
     raise ValueError(f"unknown op {op!r}; allowed: mamba2, gdn")
 
 
-def step_traffic(case, model, act_bytes: int = 2, accepted: float | None = None) -> Traffic:
-    """Traffic of one step of one layer for a sweep case (replaybench.scenario.Case)."""
+def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
+    """Traffic of one step of one layer for a sweep case (replaybench.scenario.Case); speculative
+    methods: one round, with `accepted` (pmf over 0..T or mean) or else the case's acceptance model."""
     # vLLM's Mamba-2 layer applies the z gate in its gated RMSNorm, not in the SSM kernel
     gate = not case.method.startswith("vllm-")
     lb = layer_bytes_for(model.op, model.ssm, case.method, case.state_dtype, case.lo_dtype, act_bytes, gate)
@@ -182,8 +227,11 @@ def step_traffic(case, model, act_bytes: int = 2, accepted: float | None = None)
     if case.method in REPLAY_METHODS:
         return replay_traffic(lb, case.batch, case.flush_period)
     if case.method in ("spec-replay", "spec-perdraft", "vllm-spec"):
-        m = accepted if accepted is not None else case.spec_window / 2
-        return spec_traffic(lb, case.batch, case.flush_period, case.spec_window, m,
+        if accepted is None:   # the case's acceptance model (replaybench.accept)
+            from .accept import DEFAULT, accept_pmf
+            acc = getattr(case, "accept", "none")
+            accepted = accept_pmf(DEFAULT if acc in (None, "", "none") else acc, case.spec_window)
+        return spec_traffic(lb, case.batch, case.flush_period, case.spec_window, accepted,
                             perdraft=case.method != "spec-replay")
     raise ValueError(f"no traffic model for method {case.method!r}")
 

@@ -163,6 +163,9 @@ def layers_for(state_bytes_per_layer: float, device: str) -> int:
 
 
 def run(case, ctx) -> dict:
+    if case.method in ("spec-replay", "spec-perdraft"):   # speculative rounds: see runners/spec.py
+        from . import spec
+        return spec.run(case, ctx)
     if case.backend == "vllm":          # vLLM's own kernels: see runners/peers.py
         from . import peers
         return peers.run(case, ctx)

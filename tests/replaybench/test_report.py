@@ -59,7 +59,7 @@ def test_report_files_and_content(tmp_path):
     st = make_run(tmp_path)
     out = write_report("synthetic", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
     assert out == tmp_path / "reports" / "synthetic"
-    for stem in ("time_vs_batch", "bytes_per_step", "speedup_tiny-mamba2", "speedup_tiny-gdn"):
+    for stem in ("time_vs_batch", "bytes_per_step", "speedup_tiny-mamba2", "speedup_tiny-gdn", "memory"):
         for ext in ("png", "svg"):
             f = out / f"{stem}.{ext}"
             assert f.exists() and f.stat().st_size > 5000, f
@@ -71,7 +71,8 @@ def test_report_files_and_content(tmp_path):
     assert "CPU run" in html and "Test CPU 9000" in html
     # self-contained html: every image inlined
     imgs = re.findall(r"<img[^>]*src='([^']*)'", html)
-    assert len(imgs) == 4 and all(s.startswith("data:image/png;base64,") for s in imgs)
+    assert len(imgs) == 5 and all(s.startswith("data:image/png;base64,") for s in imgs)
+    assert "## SSM-state memory and max concurrency" in md     # for the run's models (no spec rows: T = 4)
     # all rows are in the tables, errors with their (escaped) message
     n = len(synthetic_rows())
     assert f"All rows ({n})" in md and f"All rows ({n})" in html

@@ -255,6 +255,13 @@ ERRORS = [
      "sweep[0].state_dtype", ["float64", "reference"]),
     ('[[sweep]]\nmodel="tiny-gdn"\nmethod="replay"\nbackend="vllm"\n', "sweep[0].backend",
      ["vllm-* methods", "allowed: reference, triton"]),
+    ('[[sweep]]\nmodel="tiny-gdn"\nmethod="spec-replay"\nbuffer_len=20\naccept="poisson"\n', "sweep[0].accept",
+     ["'poisson'", "fixed:T/2", "uniform", "geom:<p>"]),
+    ('[[sweep]]\nmodel="tiny-gdn"\nmethod="spec-replay"\nbuffer_len=20\naccept=["uniform", "geom:1.5"]\n',
+     "sweep[0].accept", ["'geom:1.5'", "0 < p < 1"]),
+    ('[[sweep]]\nmodel="tiny-gdn"\nmethod="spec-replay"\nbuffer_len=20\naccept=-1\n', "sweep[0].accept", ["-1"]),
+    ('[[sweep]]\nmodel="tiny-gdn"\nmethod="spec-perdraft"\nspec_window=4\naccept=5\n', "sweep[0].accept",
+     ["acc=fixed:5", "5 accepted tokens per round > spec_window 4"]),
 ]
 
 
@@ -325,3 +332,60 @@ def test_entry_point_runner_accepted():
 def test_all_methods_known():
     assert set(METHODS) == {"eager", "replay", "replay-dual", "replay-shared-low", "spec-replay",
                             "spec-perdraft", "vllm-eager", "vllm-spec"}
+
+
+# ----------------------------------------------------------------------------- speculative: accept axis
+
+def test_accept_axis(write_scenario):
+    sc = load(write_scenario, """
+        [[sweep]]
+        model = "tiny-mamba2"
+        method = ["spec-replay", "spec-perdraft", "vllm-spec", "replay", "eager"]
+        buffer_len = 20
+        flush_period = 16
+        spec_window = [2, 4]
+        accept = ["fixed:T/2", 2, "uniform", "geom:0.70"]
+    """)
+    by = {}
+    for c in sc.cases:
+        by.setdefault(c.method, []).append(c)
+    # T=2: fixed:1, fixed:2, uniform, geom:0.7; T=4: fixed:2 twice (deduplicated), uniform, geom:0.7
+    assert sorted((c.spec_window, c.accept) for c in by["spec-replay"]) == [
+        (2, "fixed:1"), (2, "fixed:2"), (2, "geom:0.7"), (2, "uniform"),
+        (4, "fixed:2"), (4, "geom:0.7"), (4, "uniform")]
+    assert len(by["spec-perdraft"]) == len(by["vllm-spec"]) == 7
+    # the per-draft baseline has no buffer: L and K collapse
+    assert all(c.buffer_len == 0 and c.flush_period == 0 for c in by["spec-perdraft"])
+    assert "tiny-mamba2/spec-replay/reference/b1/L20/K16/T4/float32/none/acc=geom:0.7" in {c.case_id for c in sc.cases}
+    # non-speculative methods: accept collapses to "none" and their case ids are unchanged
+    assert [c.accept for c in by["replay"] + by["eager"]] == ["none", "none"]
+    assert {c.case_id for c in by["replay"] + by["eager"]} == {
+        "tiny-mamba2/replay/reference/b1/L20/K16/T0/float32/none", "tiny-mamba2/eager/reference/b1/L0/K0/T0/float32/none"}
+
+
+def test_accept_default_is_half_the_window(write_scenario):
+    sc = load(write_scenario, """
+        [[sweep]]
+        model = "tiny-gdn"
+        method = "spec-perdraft"
+        spec_window = [1, 3, 6]
+    """)
+    assert sorted((c.spec_window, c.accept) for c in sc.cases) == [(1, "fixed:0"), (3, "fixed:1"), (6, "fixed:3")]
+    assert make_case_id("m", "spec-replay", "triton", 2, 20, 16, 4, "float32", "none", 3, "uniform") == \
+        "m/spec-replay/triton/b2/L20/K16/T4/float32/none/acc=uniform/s3"
+
+
+def test_spec_scenarios_load():
+    smoke = load_scenario(REPO / "scenarios" / "spec-smoke.toml")
+    assert {c.method for c in smoke.cases} == {"spec-replay", "spec-perdraft"}
+    assert {c.model for c in smoke.cases} == {"tiny-mamba2", "tiny-gdn"}
+    assert {c.backend for c in smoke.cases} == {"reference", "triton"} and len(smoke.cases) <= 24
+    h200 = load_scenario(REPO / "scenarios" / "h200-spec.toml")
+    assert len(h200.cases) <= 85
+    assert {c.spec_window for c in h200.cases} == {2, 4, 6} and {c.batch for c in h200.cases} == {128, 256, 512}
+    assert {c.method for c in h200.cases} == {"spec-replay", "spec-perdraft", "vllm-spec"}
+    assert all(c.buffer_len == 16 + c.spec_window and c.flush_period == 16
+               for c in h200.cases if c.method == "spec-replay")
+    assert all(c.state_dtype == "float32" and c.accept == f"fixed:{c.spec_window // 2}" for c in h200.cases)
+    from replaybench.models import STUDY_MODELS
+    assert {c.model for c in h200.cases} == set(STUDY_MODELS)

@@ -1,0 +1,96 @@
+"""Public ops of the per-draft speculative baseline: what vLLM's speculative path does.
+
+Verification steps the recurrence eagerly over a round's T tokens and writes the full state
+after every token into its own slot; each request owns 1 + T slots (a row of a slot table
+[b, 1 + T], int32) used as a ring:
+
+    start[b]   (device tensor, 0..T) column of the state the round starts from (the accepted
+               slot; vLLM's num_accepted_tokens - 1)
+    token t    its state goes to column (start + 1 + t) mod (1 + T); the start slot is not written
+    commit m   advance(start, accepted, T): start <- (start + m) mod (1 + T), m in 0..T
+
+Per request and round: one state read and T state writes, and 1 + T states of memory, against
+ReplaySSM's one checkpoint read (no state write) and one checkpoint plus an input buffer.
+
+    mamba2_verify(states [S,H,P,N], slot_table, start, x [b,T,H,P], dt [b,T,H], A, B/C [b,T,G,N],
+                  D, dt_bias, z=None, *, backend, out=None, counter=None, config=None) -> y [b,T,H,P]
+    gdn_verify(states [S,Hv,dv,dk], slot_table, start, q/k [b,T,Hk,dk], v [b,T,Hv,dv],
+               g/beta [b,T,Hv], scale=None, *, backend, ...) -> o [b,T,Hv,dv]
+    advance(start, accepted, T)         the commit (in place, on the device)
+    slot_table(idx, T)                  [b, 1 + T] table: row i owns slots i*(1+T) .. i*(1+T)+T
+
+A row whose start slot is negative is padding (output 0, no state read or written); a negative
+destination slot is skipped. backend="triton" (replayssm.triton.perdraft; CUDA-graph capturable:
+fixed grid, start and slot table read on the device) or "reference" (replayssm.reference).
+A ByteCounter (counter=) reads the table on the host: not while capturing.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import reference as ref
+from .state import ByteCounter
+
+BACKENDS = ("triton", "reference")
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+
+
+def _tk():
+    from .triton import perdraft as tk   # lazily: TRITON_INTERPRET set by the caller first still applies
+    return tk
+
+
+def _into(out, y):
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def slot_table(idx: torch.Tensor, T: int, base: int = 0) -> torch.Tensor:
+    """int32 [b, 1 + T]: row i with idx[i] = s >= 0 owns slots base + s*(1+T) + j, j = 0..T;
+    a padded row (idx < 0) gets -1 everywhere. States need base + max(idx+1)*(1+T) slots."""
+    i = idx.to(torch.int64)
+    tbl = base + i[:, None] * (T + 1) + torch.arange(T + 1, device=idx.device)
+    return torch.where(i[:, None] >= 0, tbl, torch.full_like(tbl, -1)).to(torch.int32).contiguous()
+
+
+def advance(start: torch.Tensor, accepted: torch.Tensor, T: int) -> torch.Tensor:
+    """Commit m = accepted[b] (0..T) tokens: start <- (start + m) mod (1 + T), in place on the
+    device (two elementwise kernels, graph-capturable). Returns start."""
+    start.add_(accepted.to(start.dtype)).remainder_(T + 1)
+    return start
+
+
+def _count(counter, states, slot_table, start, io_read, io_write) -> None:
+    """Host-side byte accounting, same as the reference's (syncs)."""
+    rows, _, dst = ref._perdraft_rows(slot_table, start)
+    ref._count_perdraft(counter, states, len(rows), int((dst >= 0).sum()), len(rows) * io_read,
+                        len(rows) * io_write)
+
+
+def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, *, backend: str = "triton",
+                  out=None, counter: ByteCounter | None = None, config=None) -> torch.Tensor:
+    """Per-draft verification of T tokens (Mamba-2); see the module docstring."""
+    _check_backend(backend)
+    if backend == "reference":
+        return _into(out, ref.mamba2_verify_perdraft(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z,
+                                                     counter))
+    if counter is not None:
+        _count(counter, states, slot_table, start, ref._mamba2_io_bytes(x, dt, B, C, z), x[0].numel() * x.element_size())
+    return _tk().verify_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z, out, config)
+
+
+def gdn_verify(states, slot_table, start, q, k, v, g, beta, scale=None, *, backend: str = "triton", out=None,
+               counter: ByteCounter | None = None, config=None) -> torch.Tensor:
+    """Per-draft verification of T tokens (GDN); see the module docstring."""
+    _check_backend(backend)
+    if backend == "reference":
+        return _into(out, ref.gdn_verify_perdraft(states, slot_table, start, q, k, v, g, beta, scale, counter))
+    if counter is not None:
+        _count(counter, states, slot_table, start, ref._gdn_io_bytes(q, k, v, g, beta), v[0].numel() * v.element_size())
+    return _tk().verify_gdn(states, slot_table, start, q, k, v, g, beta, scale, out, config)

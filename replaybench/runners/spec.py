@@ -1,0 +1,247 @@
+"""Speculative-decoding runner: one SSM layer's verify + commit rounds at a model's real dims.
+
+    spec-replay     ReplaySSM: verify T tokens from checkpoint + buffer (no per-draft state),
+                    commit m of them (a cursor move; a flush where the cursor passes K)
+                    -> replayssm.mamba2 / replayssm.gdn verify + commit
+    spec-perdraft   the per-draft baseline (vLLM's speculative path, our kernels): eager over the
+                    T tokens, the full state written after every token into 1 + T slots per
+                    request; commit m moves the start slot -> replayssm.perdraft
+    (vllm-spec      vLLM's own kernels: runners/peers.py)
+
+Conventions are the kernel runner's (runners/kernel.py, whose helpers this reuses): the layer
+count is chosen so every layer's state together streams from HBM, ReplaySSM cursors are
+staggered across the batch (sequence i at i mod K), the backend is checked against the
+reference (a padded row included, rounds crossing a flush of every sequence) before it is
+timed. One sample = R rounds (R = max(K, 8); on a CPU max(K, 2)) over all layers; every round's accepted counts
+come from a device tensor drawn from the case's acceptance model (replaybench.accept), so a
+sample replays in one CUDA graph. median_us is per round per layer; a round verifies T tokens
+of every sequence, so verified_tokens_per_s = batch * T / time and committed_tokens_per_s =
+batch * mean accepted / time.
+"""
+from __future__ import annotations
+
+import torch
+
+from replayssm import gdn as G
+from replayssm import mamba2 as M
+from replayssm import perdraft as PD
+from replayssm.inputs import GDNShape, Mamba2Shape, gdn_step_inputs, mamba2_params, mamba2_step_inputs, random_state
+from replayssm.state import ByteCounter, dtype_of
+
+from ..accept import DEFAULT, draw_accepted, mean_accepted, resolve_accept
+from ..memory import layer_memory
+from ..models import get_model
+from ..timing import measure
+from ..traffic import step_traffic
+from . import SkipCase
+from .kernel import CHECK_TOL, Layer, _device_gen, _rel, _state_geometry, layers_for
+
+METHODS = ("spec-replay", "spec-perdraft")
+MIN_ROUNDS = 8          # rounds per sample on a GPU: max(K, MIN_ROUNDS); on a CPU max(K, 2)
+
+
+def spec_inputs(op, dims, batch, T, device, gen, act=torch.bfloat16):
+    """(inputs [b, T, ...], params) of one round at a model's SSM dims."""
+    if op == "mamba2":
+        sh = Mamba2Shape(dims.nheads, dims.head_dim, dims.d_state, dims.n_groups)
+        return (mamba2_step_inputs(sh, batch, T, act_dtype=act, device=device, gen=gen),
+                mamba2_params(sh, device=device, gen=gen))
+    sh = GDNShape(dims.num_k_heads, dims.num_v_heads, dims.head_k_dim, dims.head_v_dim)
+    return gdn_step_inputs(sh, batch, T, act_dtype=act, device=device, gen=gen), {}
+
+
+class ReplaySpecLayer:
+    """One layer's ReplaySSM state (kernel.Layer: random checkpoint and buffer, staggered
+    cursors); a round is verify + commit."""
+
+    def __init__(self, op, dims, backend, batch, buffer_len, flush_period, state_dtype, device, gen):
+        self.op, self.backend = op, backend
+        self.rs = Layer(op, dims, "spec-replay", backend, batch, buffer_len, flush_period, state_dtype, "none",
+                        device, gen).rs
+
+    def round(self, inp, params, idx, accepted, out=None, counter: ByteCounter | None = None):
+        self.rs.counter = counter
+        try:
+            if self.op == "mamba2":
+                y = M.verify(self.rs, **inp, **params, state_indices=idx, backend=self.backend, out=out)
+                M.commit(self.rs, params["A"], accepted, state_indices=idx, backend=self.backend)
+            else:
+                y = G.verify(self.rs, **inp, state_indices=idx, backend=self.backend, out=out)
+                G.commit(self.rs, accepted, state_indices=idx, backend=self.backend)
+        finally:
+            self.rs.counter = None
+        return y
+
+    def state_bytes(self) -> int:
+        return self.rs.hi.data.numel() * self.rs.hi.data.element_size() + sum(
+            b.numel() * b.element_size() for b in self.rs.buffers())
+
+
+class PerdraftSpecLayer:
+    """One layer's per-draft states: 1 + T random slots per request (slot table and start
+    columns are per-step metadata, shared by all layers like vLLM's); a round is the verify
+    (the start move, PD.advance, runs once per round for all layers)."""
+
+    def __init__(self, op, dims, backend, batch, T, state_dtype, device, gen):
+        self.op, self.backend = op, backend
+        rows, cols, heads = _state_geometry(op, dims)
+        self.states = random_state(batch * (T + 1), heads, rows, cols, dtype_of(state_dtype), device,
+                                   _device_gen(gen, device))
+
+    def round(self, inp, params, tbl, start, out=None, counter: ByteCounter | None = None):
+        if self.op == "mamba2":
+            return PD.mamba2_verify(self.states, tbl, start, **inp, **params, backend=self.backend, out=out,
+                                    counter=counter)
+        return PD.gdn_verify(self.states, tbl, start, **inp, backend=self.backend, out=out, counter=counter)
+
+    def state_bytes(self) -> int:
+        return self.states.numel() * self.states.element_size()
+
+
+class _Spec:
+    """Layers of one case plus the per-round driver shared by the check, the byte count and the timing."""
+
+    def __init__(self, case, model, backend, batch, device, nl, gen):
+        self.method, self.T, self.device = case.method, case.spec_window, device
+        op, dims = model.op, model.ssm
+        if case.method == "spec-replay":
+            self.layers = [ReplaySpecLayer(op, dims, backend, batch, case.buffer_len, case.flush_period,
+                                           case.state_dtype, device, gen) for _ in range(nl)]
+        else:
+            self.layers = [PerdraftSpecLayer(op, dims, backend, batch, self.T, case.state_dtype, device, gen)
+                           for _ in range(nl)]
+        self.idx = torch.arange(batch, dtype=torch.int32, device=device)
+        self.tbl = PD.slot_table(self.idx, self.T)
+        self.start = torch.zeros(batch, dtype=torch.int32, device=device)
+
+    def pad_last(self):
+        """Make the last batch row padding (for the correctness check)."""
+        if len(self.idx) > 1:
+            self.idx[-1] = -1
+            self.tbl = PD.slot_table(self.idx, self.T)
+
+    def round(self, inp, params, accepted, out=None, counter=None, layers=None):
+        y = None
+        for layer in (layers or self.layers):
+            if self.method == "spec-replay":
+                y = layer.round(inp, params, self.idx, accepted, out, counter)
+            else:
+                y = layer.round(inp, params, self.tbl, self.start, out, counter)
+        if self.method == "spec-perdraft":
+            PD.advance(self.start, accepted, self.T)
+        return y
+
+
+def check_spec(case, model, device, rounds: int | None = None) -> float:
+    """Max relative output error of the case's backend vs the reference over `rounds` rounds
+    (default: enough that every sequence's cursor crosses K once; twice on a GPU), same
+    initial state and inputs, uniformly random accepts 0..T per sequence, a padded row."""
+    b = min(case.batch, 8)
+    T, K = case.spec_window, max(case.flush_period, 1)
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    mk = lambda backend: _Spec(case, model, backend, b, device, 1, torch.Generator().manual_seed(case.seed + 7))  # noqa: E731
+    ours, ref = mk(case.backend), mk("reference")
+    ours.pad_last()
+    ref.pad_last()
+    if rounds is None:
+        rounds = (2 if device.startswith("cuda") else 1) * -(-2 * K // T) + 1 if case.method == "spec-replay" else 3
+    acc = torch.as_tensor(draw_accepted("uniform", T, b, rounds, case.seed + 3), device=device)
+    worst = 0.0
+    for r in range(rounds):
+        inp, params = spec_inputs(model.op, model.ssm, b, T, device, gen)
+        y_ours = ours.round(inp, params, acc[r])
+        y_ref = ref.round(inp, params, acc[r])
+        if not torch.isfinite(y_ours).all():
+            raise AssertionError("non-finite output from the kernel")
+        if b > 1 and not torch.all(y_ours[-1] == 0):
+            raise AssertionError("padded row produced a non-zero output")
+        worst = max(worst, _rel(y_ours, y_ref))
+    tol = CHECK_TOL.get(case.state_dtype, 3e-2)
+    if worst > tol:
+        raise AssertionError(f"output differs from the reference: rel err {worst:.3g} > {tol}")
+    return worst
+
+
+def run(case, ctx) -> dict:
+    if case.method not in METHODS:
+        raise SkipCase(f"method {case.method!r} is not measured by the speculative runner; allowed: "
+                       f"{', '.join(METHODS)}")
+    if case.backend not in ("triton", "reference"):
+        raise SkipCase(f"backend {case.backend!r}: allowed triton, reference")
+    model = get_model(case.model)
+    device, T, B = ctx.device, case.spec_window, case.batch
+    if T < 1:
+        raise ValueError(f"{case.method} needs spec_window >= 1")
+    accept = resolve_accept(case.accept if case.accept not in (None, "", "none") else DEFAULT, T)
+    check = float("nan") if case.backend == "reference" else check_spec(case, model, device)
+
+    # layers: all their state together >= the kernel runner's target (HBM, not L2)
+    st_b, buf_b, _ = layer_memory(model, case.method, T, max(case.buffer_len, 1), case.state_dtype)
+    nl = layers_for(B * (st_b + buf_b), device)
+    gen = torch.Generator().manual_seed(case.seed)
+    spec = _Spec(case, model, case.backend, B, device, nl, gen)
+    inp, params = spec_inputs(model.op, model.ssm, B, T, device, gen)
+    out = torch.empty_like(inp["x"] if model.op == "mamba2" else inp["v"])
+    cuda = str(device).startswith("cuda")
+    rounds = max(case.flush_period, MIN_ROUNDS if cuda else 2)
+    acc_np = draw_accepted(accept, T, B, rounds, case.seed)
+    acc = torch.as_tensor(acc_np, device=device).contiguous()        # [R, b] int32, read on the device
+
+    # the ops' own byte accounting over one sample's schedule (one layer, untimed; syncs;
+    # skipped for interpreted Triton kernels on a CPU, where it would only add minutes)
+    bytes_counted = None
+    if cuda or case.backend == "reference":
+        cnt = ByteCounter()
+        for r in range(rounds):
+            spec.round(inp, params, acc[r], out, counter=cnt, layers=spec.layers[:1])
+        bytes_counted = cnt.total() / rounds
+
+    def sample():
+        for r in range(rounds):
+            spec.round(inp, params, acc[r], out)
+
+    t = measure(sample, device, ctx.timing, per=rounds * nl)
+    traffic = step_traffic(case, model)
+    m_drawn = float(acc_np.mean())
+    rows, cols, heads = _state_geometry(model.op, model.ssm)
+    per_s = 1e6 / t.median_us
+    return {
+        "median_us": t.median_us, "iqr_us": t.iqr_us, "samples": t.samples, "discarded": t.discarded,
+        "mean_us": t.mean_us, "min_us": t.min_us, "rel_iqr": t.rel_iqr,
+        "sm_clock_mhz": t.sm_clock_mhz, "mem_clock_mhz": t.mem_clock_mhz, "power_w": t.power_w,
+        "throttle": t.throttle,
+        "bytes_model": traffic.total_bytes, "read_bytes_model": traffic.read_bytes,
+        "write_bytes_model": traffic.write_bytes, "flops_model": traffic.flops, "intensity": traffic.intensity,
+        "state_bytes_model": traffic.parts["state_read"] + traffic.parts["state_write"],
+        "buffer_bytes_model": traffic.parts["buffer_read"] + traffic.parts["buffer_write"],
+        "bytes_counted": bytes_counted,
+        "counted_vs_model": None if bytes_counted is None else bytes_counted / traffic.total_bytes,
+        "check_rel_err": check, "layers": nl, "rounds_per_sample": rounds, "steps_per_sample": rounds,
+        "mean_accepted": mean_accepted(accept, T), "mean_accepted_drawn": m_drawn,
+        "verified_tokens_per_s": B * T * per_s, "committed_tokens_per_s": B * m_drawn * per_s,
+        "slots_per_request": T + 1 if case.method == "spec-perdraft" else 1,
+        "ssm_bytes_per_request_layer": st_b + buf_b,
+        "heads": heads, "state_rows": rows, "state_cols": cols,
+        "groups": getattr(model.ssm, "n_groups", getattr(model.ssm, "num_k_heads", None)),
+    }
+
+
+def profile_rounds(case, device: str, rounds: int) -> None:
+    """For Nsight Compute (replaybench.ncu): one layer at the case's batch, 2 * rounds rounds of
+    warm-up, then `rounds` rounds between cudaProfilerStart/Stop (the case's acceptance model)."""
+    model = get_model(case.model)
+    T = case.spec_window
+    accept = resolve_accept(case.accept if case.accept not in (None, "", "none") else DEFAULT, T)
+    gen = torch.Generator().manual_seed(case.seed)
+    spec = _Spec(case, model, case.backend, case.batch, device, 1, gen)
+    inp, params = spec_inputs(model.op, model.ssm, case.batch, T, device, gen)
+    out = torch.empty_like(inp["x"] if model.op == "mamba2" else inp["v"])
+    acc = torch.as_tensor(draw_accepted(accept, T, case.batch, 3 * rounds, case.seed), device=device)
+    for r in range(2 * rounds):
+        spec.round(inp, params, acc[r], out)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for r in range(2 * rounds, 3 * rounds):
+        spec.round(inp, params, acc[r], out)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
