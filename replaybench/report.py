@@ -34,7 +34,7 @@ _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#
 METHOD_COLORS = {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(METHOD_ORDER)}
 BACKEND_STYLES = {"triton": ("-", "o"), "reference": ("--", "s"), "vllm": (":", "^")}
 FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg", "spec_speedup.*",
-                "memory.*")
+                "memory.*", "roofline.*", "traffic_measured.*")
 
 TABLE_COLUMNS = ["case_id", "method", "backend", "batch", "buffer_len", "flush_period",
                  "spec_window", "state_dtype", "lo_dtype", "median_us", "iqr_us", "samples",
@@ -576,6 +576,10 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     from .report_spec import sections as spec_sections   # speculative decoding, SSM-state memory
     extra_figures, extra_tables = spec_sections(df, out_dir, cpu)
     figures += extra_figures
+    from .report_roofline import sections as roofline_sections  # roofline, measured traffic, vs vLLM
+    roof_figures, roof_tables = roofline_sections(df, manifest, out_dir, _save)
+    figures += roof_figures
+    extra_tables = roof_tables + extra_tables
 
     rows_sorted = _sorted_rows(df) if len(df) else df
     errors = rows_sorted[rows_sorted["status"] == "error"] if len(df) else df

@@ -135,3 +135,34 @@ def peer_table(df: pd.DataFrame) -> pd.DataFrame:
                      "vs_our_eager": (ours / r.median_us) if ours else float("nan")})
     out = pd.DataFrame(rows)
     return out.sort_values(["model", "state_dtype", "method", "lo_dtype", "buffer_len", "batch"]).reset_index(drop=True)
+
+
+PEER_COLS = ["model", "method", "backend", "batch", "buffer_len", "flush_period", "state_dtype", "lo_dtype",
+             "median_us", "pct_copy_bw", "vs_vllm_eager", "vs_our_eager"]
+MISMATCH_COLS = ["case_id", "bytes_model", "dram_bytes", "dram_vs_model"]
+
+
+def sections(df: pd.DataFrame, manifest: dict, out_dir: Path, save):
+    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for report.py."""
+    figures, tables = [], []
+    png = fig_roofline(df, manifest, out_dir, save)
+    if png is not None:
+        figures.append(("Roofline", "One point per kernel x method at the largest batch: modelled FLOPs / "
+                        "modelled bytes vs modelled FLOPs / measured time, under the ceilings measured at the "
+                        "start of this run. Decode kernels sit far left of the ridge: bandwidth is the game.", png))
+    png = fig_traffic_measured(df, manifest, out_dir, save)
+    if png is not None:
+        figures.append(("Modelled vs measured memory traffic",
+                        "Analytical bytes per step vs DRAM bytes read + written measured by Nsight Compute "
+                        "(sweep --ncu; each kernel replayed with caches flushed).", png))
+        mism = traffic_mismatches(df)
+        tables.append((f"Traffic: measured differs from the model by > {TRAFFIC_TOLERANCE:.0%} ({len(mism)})",
+                       "Cases whose measured DRAM bytes differ from the analytical model by more than 10 %.",
+                       mism, MISMATCH_COLS))
+    pt = peer_table(df)
+    if len(pt) and (df["method"] == PEER).any():
+        tables.append(("Against vLLM's eager kernel (same run)",
+                       "vs_vllm_eager = vLLM 0.26.0 eager median / this median; vs_our_eager = our Triton eager "
+                       "median / this median (same model, batch, state dtype); pct_copy_bw = modelled bytes / time "
+                       "as % of the copy ceiling measured in this run.", pt, PEER_COLS))
+    return figures, tables
