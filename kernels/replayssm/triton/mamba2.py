@@ -3,10 +3,14 @@
 Kernels (all CUDA-graph safe: fixed grids, every per-sequence decision on the device):
     _eager_kernel        S <- a S + dt x B^T; y = S C + D x (* silu z)      reads+writes S
     _replay_step_kernel  output-only route from checkpoint + buffer, append; fused flush
-                         (fold + write checkpoint) for sequences whose cursor reaches K
+                         (fold + write checkpoint) for sequences whose cursor reaches K;
+                         optionally moves the cursor itself (atomic ticket)
+    _replay_flush_kernel the second launch of the "split" route (tuning alternative): the
+                         fold of the sequences that flush this step
     _fold_kernel         fold committed entries into the checkpoint (flush and commit)
     _verify_kernel       T speculative drafts' outputs from checkpoint + buffer; writes drafts
-    _cursor_kernel       the cursor pass that runs after the kernels above (see below)
+    _cursor_kernel       the cursor pass that runs after the kernels above when they do
+                         not move the cursor themselves (see below)
 
 Launchers (eager_step, replay_step, flush, commit, verify, advance_cursor) run the launches
 that the matching plan_* functions record (Launch objects); compile_offline compiles a
@@ -18,17 +22,20 @@ dt [S, L, H]. Head h uses group h // (H / G).
 
 Grid of every per-head kernel: (row tiles of P, H, batch rows). Axis 0 is the fastest in
 launch order, so the programs of one sequence and group run close together and the group's
-buffered B rows (read by every head of the group) stay in L2. A program owns ROW_CHUNKS
-consecutive chunks of BLOCK_P rows of one head and the whole state row (N); it streams its
-[rows, N] tile of the state once. Per-head work that does not depend on the rows (decay
-weights, B_i . C) is done once per program, so fewer, taller programs read the buffer less.
+buffered B rows (read by every head of the group) stay in L2. An eager/fold/verify program
+owns ROW_CHUNKS consecutive chunks of BLOCK_P rows of one head and the whole state row (N);
+a replay-step program owns one [rows, N] tile, loaded with one 2-D load before anything that
+depends on the cursor. Per-head work that does not depend on the rows (decay weights,
+B_i . C) is done once per program, so fewer, taller programs read the buffer less.
 
-The cursor. Every program of a sequence reads cursor[slot]; programs are not ordered, so
-no program of the same launch may write it. The new cursor is written by a separate tiny
-kernel (_cursor_kernel) launched right after, on the same stream: graph-safe (two fixed
-launches), no atomics, no host sync. In a model whose layers share one cursor tensor the
-pass can run once per step for all layers (replayssm.mamba2.replay_step(..., advance_cursor=False)
-then replayssm.mamba2.advance_cursors).
+The cursor. Every program of a sequence reads cursor[slot]; programs are not ordered, so no
+program may simply write it. Either the step takes it with an atomic ticket (one relaxed
+atomic_add per program; the program drawing the last ticket stores the new cursor: one
+launch), or a separate tiny kernel (_cursor_kernel) writes it right after, on the same
+stream (two launches, no atomics). Both are graph-safe with no host sync; REPLAY_CONFIGS
+picks per batch bucket (docs/kernels.md). In a model whose layers share one cursor tensor
+the move can run once per step for all layers (replayssm.mamba2.replay_step(...,
+advance_cursor=False) then replayssm.mamba2.advance_cursors).
 """
 from __future__ import annotations
 
@@ -40,35 +47,25 @@ import triton
 import triton.language as tl
 
 # ----------------------------------------------------------------------------- launch configs
-# One table for the lead to tune. Key: (kernel, bytes per element of the state the kernel
-# streams, batch bucket). Value: (BLOCK_P, ROW_CHUNKS, num_warps). BLOCK_P is clamped to
-# next_pow2(P); ROW_CHUNKS = 0 means "the whole head in one program" (cdiv(P, BLOCK_P) chunks);
-# otherwise it is moved to the nearest divisor of the head's chunk count, so no program
-# carries an all-masked chunk (head_dim 80 = 5 x 16: 2 -> 1, and whole heads stay whole).
-# "small": batch * H < SMALL_PROGRAMS (too few whole-head programs to fill 132 SMs), "large"
-# otherwise. State element size 8 (fp64) uses the 4 rows.
-# Rationale of the defaults: eager moves each tile twice (read+write) and shares nothing per
-# head, so 16-row fp32 tiles (8 KiB) give plenty of programs in flight; a 16-row bf16 tile is
-# only 4 KiB, so at large batch a program takes the whole head (20 KiB at P=80; the unrolled
-# chunks overlap their loads and still need only 53 registers on sm_90).
-# Replay/verify: 16-row programs keep the fused flush branch at ~64-80 registers on sm_90
-# (ptxas, Nano dims; the output-only route alone needs 42); whole-head programs (CHUNKS 0)
-# read the per-head buffer once instead of P/16 times but need ~75-130 registers (use 8
-# warps). Sweep CHUNKS in {1, 2, 0} x warps in {4, 8} on the GPU; low-precision read copies
-# (2 KiB fp8 tiles at 16 rows) are the first candidates for taller programs.
+# Tables for the lead to tune; defaults measured on an H200 by tools/tune_mamba2.py (see
+# docs/kernels.md, "H200 tuning"). Buckets: "small" = batch * H < SMALL_PROGRAMS (too few
+# programs to fill 132 SMs; batch 1), "large" otherwise (batch 32 and up at the real dims).
+# State element size 8 (fp64) uses the 4-byte rows.
+#
+# CONFIG_TABLE (eager, fold, verify). Key: (kernel, bytes per element of the state the kernel
+# streams, bucket). Value: (BLOCK_P, ROW_CHUNKS, num_warps), or a list of candidates
+# (BLOCK_P, ROW_CHUNKS, num_warps, p_mod) of which the first with P % p_mod == 0 is used (the
+# last one always). BLOCK_P is clamped to next_pow2(P); ROW_CHUNKS = 0 means "the whole head
+# in one program" (cdiv(P, BLOCK_P) chunks); otherwise it moves to the nearest divisor of the
+# head's chunk count, so no program carries an all-masked chunk.
 SMALL_PROGRAMS = 2048
-CONFIG_TABLE: dict[tuple[str, int, str], tuple[int, int, int]] = {
+CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     # kernel    bytes  bucket      BLOCK_P CHUNKS warps
-    ("eager",  4, "small"): (16, 1, 4),
-    ("eager",  4, "large"): (16, 1, 4),
+    ("eager",  4, "small"): (16, 1, 4),        # batch 1: 5.0 us (32 rows: 5.5)
+    ("eager",  4, "large"): (32, 1, 8),        # 97 % of copy at batch 256 (16 rows / 4 warps: 93 %)
     ("eager",  2, "small"): (16, 1, 4),
-    ("eager",  2, "large"): (16, 0, 4),
-    ("replay", 4, "small"): (16, 1, 4),
-    ("replay", 4, "large"): (16, 1, 4),
-    ("replay", 2, "small"): (16, 1, 4),
-    ("replay", 2, "large"): (16, 1, 4),
-    ("replay", 1, "small"): (16, 1, 4),
-    ("replay", 1, "large"): (16, 1, 4),
+    ("eager",  2, "large"): [(64, 1, 8, 64),   # whole 64-row heads: 94 % (Super)
+                             (16, 0, 4)],      # else 16-row chunks of the whole head: 92 % (Nano)
     ("fold",   4, "small"): (16, 1, 4),
     ("fold",   4, "large"): (16, 1, 4),
     ("fold",   2, "small"): (16, 1, 4),
@@ -82,6 +79,46 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple[int, int, int]] = {
     ("verify", 1, "small"): (16, 1, 4),
     ("verify", 1, "large"): (16, 1, 4),
 }
+# REPLAY_CONFIGS (the step kernel). Key: (bytes per element of the copy the output path reads,
+# bucket). Value: candidates (dicts), the first whose "p_mod" divides P is used (the last one
+# always); keys not given take REPLAY_DEFAULTS. A program is one [block_p, N] tile
+# (block_p a power of 2, clamped to next_pow2(P)), loaded with one 2-D load.
+#   block_p, warps  rows per program, num_warps
+#   route    "fused": one launch; sequences whose cursor reaches K fold and write the
+#            checkpoint inside the step kernel. "split": a lean output-only step kernel for
+#            every sequence + _replay_flush_kernel, whose programs return at once unless their
+#            sequence flushes (two launches; measured slower everywhere: its mostly empty grid
+#            still costs a wave of programs per SM, and without a low copy a flushing
+#            sequence's checkpoint is read by both launches).
+#   early    issue the read-checkpoint tile load before the cursor (its address does not depend
+#            on it), so the state streams while the cursor and buffer tiles are fetched.
+#            False: the first version's order (state loaded after the buffered B tile).
+#   preload  issue the buffered B and x tiles right after the cursor, before any compute (more
+#            bytes in flight, more registers) instead of inside the branch that uses them.
+#   ticket   advance the cursor inside the step kernel (atomic ticket: one launch) instead of
+#            the _cursor_kernel launch after it. One atomic per program on the cursor's line:
+#            at batch 256 the atomics queue (64-row programs: 400 -> 363 us without them),
+#            at batch 1 the extra launch costs more (5.3 -> 6.5 us).
+#   fold_rows  rows per fold chunk of a flushing program (re-reads its high rows, an L2 hit);
+#            bounds the MMA operands' registers for tall programs. None/0: the whole tile.
+#   evict    cache hint on the streamed state ("" or "evict_first"; no gain measured).
+#   maxnreg  ptxas register cap per thread (None: ptxas' choice).
+REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, evict="", maxnreg=None)
+REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
+    (4, "small"): [dict(block_p=16, warps=2)],                          # batch 1: 5.2 us (Super, Nano)
+    (4, "large"): [dict(block_p=64, warps=4, ticket=False, p_mod=64),   # Super 256: 363 us, 79 % of copy
+                   dict(block_p=16, warps=1, preload=False)],           # Nano 256: 378 us, 71 %
+    (2, "small"): [dict(block_p=16, warps=4)],                          # dual bf16 batch 1: 4.9 us
+    (2, "large"): [dict(block_p=64, warps=2)],                          # bf16 reads: best at both dims
+    (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
+    (1, "large"): [dict(block_p=64, warps=2, p_mod=64),                 # dual fp8 Super: 318 us
+                   dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
+}
+# Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
+# ticket=, fold_rows=, evict=, maxnreg=) and OVERRIDE["eager"] = dict(block_p=, chunks=,
+# warps=, evict=) replace the table entries above for every shape (only keys given).
+# Empty in normal use.
+OVERRIDE: dict[str, dict] = {}
 CURSOR_BLOCK = 256
 # Precision of the flush fold's tl.dot (sum_i w_i x_i B_i^T over <= L entries). With a bf16
 # buffer the fold runs as "bf16x3" (exact products, see _outer_sum); with other buffers it
@@ -108,13 +145,29 @@ def _np2(v: int) -> int:
     return triton.next_power_of_2(max(int(v), 1))
 
 
+def _bucket(batch: int, nheads: int) -> str:
+    return "small" if batch * nheads < SMALL_PROGRAMS else "large"
+
+
+def _pick(candidates, P: int):
+    """The first candidate whose p_mod (last field, or key "p_mod") divides P; the last one otherwise."""
+    for c in candidates[:-1]:
+        mod = c.get("p_mod", 1) if isinstance(c, dict) else (c[3] if len(c) > 3 else 1)
+        if P % mod == 0:
+            return c
+    return candidates[-1]
+
+
 def launch_config(kernel: str, P: int, state_bytes: int, batch: int, nheads: int) -> tuple[int, int, int]:
-    """(BLOCK_P, ROW_CHUNKS, num_warps) for a kernel at a shape, from CONFIG_TABLE (clamped)."""
-    bucket = "small" if batch * nheads < SMALL_PROGRAMS else "large"
+    """(BLOCK_P, ROW_CHUNKS, num_warps) for the eager, fold and verify kernels at a shape,
+    from CONFIG_TABLE (and OVERRIDE[kernel]), clamped to the head."""
     key_bytes = min(state_bytes, 4)
     if kernel == "eager":
         key_bytes = max(key_bytes, 2)
-    block_p, chunks, warps = CONFIG_TABLE[(kernel, key_bytes, bucket)]
+    entry = CONFIG_TABLE[(kernel, key_bytes, _bucket(batch, nheads))]
+    block_p, chunks, warps = (_pick(entry, P) if isinstance(entry, list) else entry)[:3]
+    ov = OVERRIDE.get(kernel, {})
+    block_p, chunks, warps = ov.get("block_p", block_p), ov.get("chunks", chunks), ov.get("warps", warps)
     block_p = min(block_p, _np2(P))
     tiles = triton.cdiv(P, block_p)
     if chunks <= 0:
@@ -122,6 +175,22 @@ def launch_config(kernel: str, P: int, state_bytes: int, batch: int, nheads: int
     else:   # nearest divisor of `tiles` (ties: the smaller, for more programs)
         chunks = min((d for d in range(1, tiles + 1) if tiles % d == 0), key=lambda d: (abs(d - chunks), d))
     return block_p, chunks, warps
+
+
+def replay_variant(P: int, read_bytes: int, batch: int, nheads: int) -> dict:
+    """Launch choice of the replay step at a shape: REPLAY_CONFIGS' candidate for P, filled from
+    REPLAY_DEFAULTS, then OVERRIDE['replay']. Rows per program: next_pow2(block_p * chunks)
+    (chunks 0 = whole head; default 1), at most next_pow2(P)."""
+    v = dict(REPLAY_DEFAULTS, chunks=1)
+    v.update(_pick(REPLAY_CONFIGS[(min(read_bytes, 4), _bucket(batch, nheads))], P))
+    v.update(OVERRIDE.get("replay", {}))
+    chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])
+    rows = min(_np2(v["block_p"] * chunks), _np2(P))
+    if v["route"] not in ("fused", "split"):
+        raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split")
+    return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
+            "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
+            "fold_rows": min(rows, v["fold_rows"] or rows), "maxnreg": v["maxnreg"]}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -176,9 +245,12 @@ def _cast(v, dtype: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
-def _load_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p, HAS_SCALE: tl.constexpr):
-    """[BP, BN] float32 tile of a checkpoint (rows offs_p), dequantised with fp8 row scales."""
-    s = tl.load(ptr + base + offs_p[:, None] * stride_p + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+def _load_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p, HAS_SCALE: tl.constexpr,
+                EV: tl.constexpr):
+    """[BP, BN] float32 tile of a checkpoint (rows offs_p), dequantised with fp8 row scales.
+    EV: cache eviction hint of the (streamed) tile ("" or "evict_first")."""
+    s = tl.load(ptr + base + offs_p[:, None] * stride_p + offs_n[None, :], mask=mask, other=0.0,
+                eviction_policy=EV).to(tl.float32)
     if HAS_SCALE:
         sc = tl.load(sc_ptr + sbase + offs_p, mask=mask_p, other=1.0)
         s = s * sc[:, None]
@@ -187,7 +259,7 @@ def _load_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p
 
 @triton.jit
 def _store_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p, s, HAS_SCALE: tl.constexpr,
-                 EXACT: tl.constexpr):
+                 EXACT: tl.constexpr, EV: tl.constexpr):
     """Store a float32 tile, rounding to the checkpoint dtype. fp8: per-row scale
     amax/448 (1 for a zero row), data = s / scale (as state.Checkpoint.write). Columns
     past N must hold 0 (they do: every operand is loaded with other=0)."""
@@ -197,7 +269,7 @@ def _store_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_
         tl.store(sc_ptr + sbase + offs_p, sc, mask=mask_p)
         s = s / sc[:, None]
     tl.store(ptr + base + offs_p[:, None] * stride_p + offs_n[None, :], _cast(s, ptr.dtype.element_ty, EXACT),
-             mask=mask)
+             mask=mask, eviction_policy=EV)
 
 
 @triton.jit
@@ -263,17 +335,19 @@ def _fold_chunk(hi_ptr, hi_sc_ptr, ck_base, sc_base, s_ck_p, bxh_ptr, s_bx_l, of
     total * S + sum_i w_i x_i B_i^T  ->  [BP, BN] float32 (not stored)."""
     Xb = tl.load(bxh_ptr + offs_l[:, None] * s_bx_l + offs_p[None, :],
                  mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-    S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE)
+    S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE, "")
     return total * S + _outer_sum(Xb * w[:, None], Bb, USE_DOT, DOT_PREC, EXACT)
 
 
 @triton.jit
 def _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p, S,
-                 HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, EXACT: tl.constexpr):
+                 HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, EXACT: tl.constexpr,
+                 EV: tl.constexpr):
     """Write folded rows to the high checkpoint and, in dual mode, the low copy."""
-    _store_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, HI_SCALE, EXACT)
+    _store_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, HI_SCALE, EXACT, EV)
     if HAS_LO:
-        _store_state(lo_ptr, lo_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, LO_SCALE, EXACT)
+        _store_state(lo_ptr, lo_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, LO_SCALE, EXACT,
+                     EV)
 
 
 @triton.jit
@@ -303,7 +377,7 @@ def _eager_kernel(
     s_st_s, s_st_h, s_st_p,
     s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
     BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, EXACT: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
 ):
     """One eager step for rows [pid_p*ROW_CHUNKS*BLOCK_P, ...) of head h of batch row b.
     Reads the [rows, N] state tile once and writes it once."""
@@ -327,36 +401,59 @@ def _eager_kernel(
         mask_p = in_p & live
         mask = mask_p[:, None] & mask_n[None, :]
         xv = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-        S = _load_state(st_ptr, st_ptr, st_base, 0, offs_p, offs_n, s_st_p, mask, mask_p, False)
+        S = _load_state(st_ptr, st_ptr, st_base, 0, offs_p, offs_n, s_st_p, mask, mask_p, False, EVICT)
         S = a * S + (dt_v * xv)[:, None] * Bv[None, :]
-        _store_state(st_ptr, st_ptr, st_base, 0, offs_p, offs_n, s_st_p, mask, mask_p, S, False, EXACT)
+        _store_state(st_ptr, st_ptr, st_base, 0, offs_p, offs_n, s_st_p, mask, mask_p, S, False, EXACT, EVICT)
         _finish_y(tl.sum(S * Cv[None, :], axis=1), xv, Dh, z_ptr + b * s_z_b + h * s_z_h,
                   y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
 
 
 # ----------------------------------------------------------------------------- replay step
 @triton.jit
+def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr):
+    """This program's view of cursor[slot] (0 for a padded row).
+
+    TICKET: every program of the sequence reads the cursor with one relaxed
+    atomic_add(cursor, 1 << 16) (low 16 bits: the cursor; high bits: programs that have read
+    it); the one that draws ticket NPROG - 1 knows all others have read it (the reads are the
+    atomics themselves, totally ordered on one address) and stores the advanced cursor
+    (n + 1 >= K ? 0 : n + 1), clearing the ticket bits. Otherwise a plain load (a
+    _cursor_kernel launch, or the caller's advance_cursors, moves it later)."""
+    if TICKET:
+        t = tl.atomic_add(cur_ptr + slot, 65536, mask=live, sem="relaxed")
+        n = tl.where(live, t & 65535, 0)
+        last = live & ((t >> 16) == NPROG - 1)
+        tl.atomic_xchg(cur_ptr + slot, tl.where(n + 1 >= K, 0, n + 1), mask=last, sem="relaxed")
+    else:
+        n = tl.load(cur_ptr + slot, mask=live, other=0)
+    return n
+
+
+@triton.jit
 def _replay_step_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
     cur_ptr, bx_ptr, bB_ptr, bdt_ptr,
     rd_ptr, rd_sc_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-    K, P, N, HPG,
+    K, P, N, HPG, NPROG,
     s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
     s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
     s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
-    BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, RD_SCALE: tl.constexpr, HI_SCALE: tl.constexpr,
     HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
-    EXACT: tl.constexpr,
+    EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
+    FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr,
 ):
-    """One ReplaySSM step for rows of head h of batch row b (see module docstring).
+    """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
-    n = cursor[slot] entries are buffered. The new entry (x, B, dt) is entry n.
-    Output-only route (n + 1 < K): read the read-checkpoint tile (the low copy in dual
-    mode) and buffer rows 0..n-1, y = exp(c) (S C) + sum_i w_i (B_i.C) x_i + dt (B.C) x;
-    append the entry at n (x: every program its rows; dt: row tile 0; B: row tile 0 of the
-    group's first head). Flush route (n + 1 >= K): fold entries 0..n into the high tile,
-    y = S_new C, write the high tile (and the low copy in dual mode); nothing is appended.
+    n = cursor[slot] entries are buffered; the new entry (x, B, dt) is entry n.
+    Output-only route: y = exp(c) (S_rd C) + sum_i w_i (B_i.C) x_i + dt (B.C) x from the read
+    checkpoint tile and buffer rows 0..n-1; append the entry at row n (x: every program its
+    rows; dt: row tile 0; B: row tile 0 of the group's first head).
+    FUSED and n + 1 >= K (flush route): fold entries 0..n into the high tile, y = S_new C,
+    write the high tile (and the low copy in dual mode); nothing is appended.
+    Not FUSED: every sequence takes the output-only route (flushing ones append row n = K-1
+    too) and _replay_flush_kernel, launched next, folds and overwrites their y.
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -364,72 +461,185 @@ def _replay_step_kernel(
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
-    n = tl.load(cur_ptr + slot, mask=live, other=0)
-    flush = n + 1 >= K
-    A = tl.load(A_ptr + h).to(tl.float32)
-    Dh = tl.load(D_ptr + h).to(tl.float32)
-    dt_n = _softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
-    dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as stored in the buffer
-    la_n = dt_n * A
-
-    # buffered entries 0..n-1: per-head decay weights and B_i . C (shared by all rows)
-    offs_l = tl.arange(0, BLOCK_L)
-    mask_l = (offs_l < n) & live
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    in_p = offs_p < P
+    mask_p = in_p & live
     offs_n = tl.arange(0, BLOCK_N)
     in_n = offs_n < N
     mask_n = in_n & live
-    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
-    w, total = _buffer_weights(dt_i * A, dt_i, mask_l, la_n)
-    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    Bn_raw = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0)
-    Bn_buf = _cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
-    Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
+    mask = mask_p[:, None] & mask_n[None, :]
     ck_base = slot * s_ck_s + h * s_ck_h
     sc_base = slot * s_sc_s + h * s_sc_h
     bx_base = slot * s_bx_s + h * s_bx_h
     bB_base = slot * s_bB_s + g * s_bB_g
-    # One branch per program (the decision is per sequence), chunk loops inside it. Each
-    # branch loads the buffered B tile itself, so nothing large is live across the branch
-    # (the flush route's dot operands would otherwise set the register budget of both).
-    if flush:
-        Bb = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
-        for c in tl.static_range(ROW_CHUNKS):
-            offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
-            in_p = offs_p < P
-            mask_p = in_p & live
-            mask = mask_p[:, None] & mask_n[None, :]
-            x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
-            xq = _cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT).to(tl.float32)  # entry n as stored
-            S = _fold_chunk(hi_ptr, hi_sc_ptr, ck_base, sc_base, s_ck_p, bx_ptr + bx_base, s_bx_l, offs_l, mask_l,
-                            w, total, Bb, offs_p, offs_n, mask_p, mask, HI_SCALE, USE_DOT, DOT_PREC, EXACT)
-            S = S + (dt_n * xq)[:, None] * Bn[None, :]
-            _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p,
-                         S, HI_SCALE, HAS_LO, LO_SCALE, EXACT)
-            _finish_y(tl.sum(S * Cv[None, :], axis=1), x_raw.to(tl.float32), Dh, z_ptr + b * s_z_b + h * s_z_h,
-                      y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
+    z_row = z_ptr + b * s_z_b + h * s_z_h
+    y_row = y_ptr + b * s_y_b + h * s_y_h
+    offs_l = tl.arange(0, BLOCK_L)
+    # Loads first, grouped by what their addresses depend on, compute after (a warp stalls
+    # at the first use of a pending load, not at the load): 1. what does not depend on the
+    # cursor, the read-checkpoint tile above all (EARLY: it streams while the cursor and the
+    # buffer tiles are fetched; the relaxed ticket does not order it); 2. the cursor; 3. the
+    # buffer tiles it masks (PRELOAD; else inside the branch that uses them).
+    if EARLY:
+        S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE, EVICT)
+    A = tl.load(A_ptr + h)
+    Dh = tl.load(D_ptr + h)
+    dt_raw = tl.load(dt_ptr + b * s_dt_b + h)
+    dtb = tl.load(dtb_ptr + h)
+    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0)
+    Bn_raw = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0)
+    x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
+    n = _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET)
+    mask_l = (offs_l < n) & live
+    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0)
+    if PRELOAD:
+        Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
+                     mask=mask_l[:, None] & in_n[None, :], other=0.0)
+        Xb = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                     mask=mask_l[:, None] & mask_p[None, :], other=0.0)
+    A = A.to(tl.float32)
+    Dh = Dh.to(tl.float32)
+    dt_n = _softplus(dt_raw.to(tl.float32) + dtb.to(tl.float32))
+    dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as stored in the buffer
+    # buffered entries 0..n-1: per-head decay weights (shared by all rows)
+    dt_i = dt_i.to(tl.float32)
+    w, total = _buffer_weights(dt_i * A, dt_i, mask_l, dt_n * A)
+    Cv = Cv.to(tl.float32)
+    Bn_buf = _cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+    Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
+    x_buf = _cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # entry n as stored
+    if FUSED:
+        do_fold = n + 1 >= K
     else:
-        Bb = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
-        coef = w * tl.sum(Bb * Cv[None, :], axis=1)           # [BL] w_i (B_i . C)
+        do_fold = False
+    # One branch per program (the decision is per sequence). Without PRELOAD each branch
+    # loads the buffer tiles itself (fewer registers live across the cursor wait).
+    if do_fold:
+        if PRELOAD:
+            Bbf = Bb.to(tl.float32)
+        else:
+            Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
+        if FOLD_ROWS == BLOCK_P:    # the whole tile in one fold
+            if PRELOAD:
+                Xbf = Xb.to(tl.float32)
+            else:
+                Xbf = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                              mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+            if HAS_LO:      # the read tile is the low copy: fold the high one
+                Sh = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE,
+                                 EVICT)
+            elif EARLY:     # the read tile is the high checkpoint itself
+                Sh = S
+            else:
+                Sh = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE,
+                                 EVICT)
+            Sh = total * Sh + _outer_sum(Xbf * w[:, None], Bbf, USE_DOT, DOT_PREC, EXACT) \
+                + (dt_n * x_buf.to(tl.float32))[:, None] * Bn[None, :]
+            _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p,
+                         Sh, HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
+            _finish_y(tl.sum(Sh * Cv[None, :], axis=1), x_raw.to(tl.float32), Dh, z_row, y_row, offs_p, mask_p, in_p,
+                      HAS_Z, EXACT)
+        else:
+            # FOLD_ROWS-row chunks, each re-reading its high rows (an L2 hit when they are
+            # the tile just read): the fold's MMA operands and accumulator then cost a
+            # FOLD_ROWS-row tile's registers, not a BLOCK_P-row one's, in every program.
+            for c in tl.range(0, BLOCK_P // FOLD_ROWS, num_stages=1, loop_unroll_factor=1):
+                offs_q = pid_p * BLOCK_P + c * FOLD_ROWS + tl.arange(0, FOLD_ROWS)
+                in_q = offs_q < P
+                mask_q = in_q & live
+                mask2 = mask_q[:, None] & mask_n[None, :]
+                Xq = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_q[None, :],
+                             mask=mask_l[:, None] & mask_q[None, :], other=0.0).to(tl.float32)
+                Sq = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_q, offs_n, s_ck_p, mask2, mask_q, HI_SCALE,
+                                 "")
+                xq = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_q, mask=mask_q, other=0.0).to(tl.float32)
+                xqb = _cast(xq, bx_ptr.dtype.element_ty, EXACT).to(tl.float32)
+                Sq = total * Sq + _outer_sum(Xq * w[:, None], Bbf, USE_DOT, DOT_PREC, EXACT) \
+                    + (dt_n * xqb)[:, None] * Bn[None, :]
+                _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_q, offs_n, mask2,
+                             mask_q, Sq, HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
+                _finish_y(tl.sum(Sq * Cv[None, :], axis=1), xq, Dh, z_row, y_row, offs_q, mask_q, in_q, HAS_Z, EXACT)
+    else:
+        if PRELOAD:
+            Bbf = Bb.to(tl.float32)
+            Xbf = Xb.to(tl.float32)
+        else:
+            Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
+            Xbf = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                          mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+        coef = w * tl.sum(Bbf * Cv[None, :], axis=1)           # [BL] w_i (B_i . C)
         coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
-        for c in tl.static_range(ROW_CHUNKS):
-            offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
-            in_p = offs_p < P
-            mask_p = in_p & live
-            mask = mask_p[:, None] & mask_n[None, :]
-            x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
-            x_buf = _cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)
-            Xb = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
-                         mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-            S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE)
-            yv = total * tl.sum(S * Cv[None, :], axis=1) + tl.sum(Xb * coef[:, None], axis=0) \
-                + coef_n * x_buf.to(tl.float32)
-            tl.store(bx_ptr + bx_base + n * s_bx_l + offs_p, x_buf, mask=mask_p)
-            _finish_y(yv, x_raw.to(tl.float32), Dh, z_ptr + b * s_z_b + h * s_z_h,
-                      y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
+        if not EARLY:
+            S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE,
+                            EVICT)
+        yv = total * tl.sum(S * Cv[None, :], axis=1) + tl.sum(Xbf * coef[:, None], axis=0) \
+            + coef_n * x_buf.to(tl.float32)
+        tl.store(bx_ptr + bx_base + n * s_bx_l + offs_p, x_buf, mask=mask_p)
+        _finish_y(yv, x_raw.to(tl.float32), Dh, z_row, y_row, offs_p, mask_p, in_p, HAS_Z, EXACT)
         append = live & (pid_p == 0)
         tl.store(bdt_ptr + slot * s_bdt_s + n * s_bdt_l + h, dt_n, mask=append)
-        tl.store(bB_ptr + slot * s_bB_s + n * s_bB_l + g * s_bB_g + offs_n, Bn_buf,
-                 mask=mask_n & append & (h % HPG == 0))
+        tl.store(bB_ptr + bB_base + n * s_bB_l + offs_n, Bn_buf, mask=mask_n & append & (h % HPG == 0))
+
+
+@triton.jit
+def _replay_flush_kernel(
+    x_ptr, A_ptr, C_ptr, D_ptr, z_ptr, y_ptr, idx_ptr, cur_ptr, bx_ptr, bB_ptr, bdt_ptr,
+    hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    K, P, N, HPG,
+    s_x_b, s_x_h, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
+    s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+    s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr,
+    LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr,
+    ADVANCED: tl.constexpr, EVICT: tl.constexpr, FOLD_ROWS: tl.constexpr,
+):
+    """Second launch of the split route, after _replay_step_kernel (FUSED False), same grid.
+    A program whose sequence flushes this step folds the buffered entries 0..K-1 (the step
+    kernel appended entry K-1) into its rows of the high checkpoint, writes them (and the low
+    copy), and overwrites y with S_new C (+ D x, * silu z), as the fused route computes it.
+    Every other program returns after one cursor load. ADVANCED: the step kernel already
+    moved the cursor (ticket), so a flushing sequence is one whose cursor is now 0;
+    otherwise (cursor moved later) one with cursor + 1 >= K."""
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    n = tl.load(cur_ptr + slot, mask=live, other=1)
+    if ADVANCED:
+        do = live & (n == 0)
+        nf = K
+    else:
+        do = live & (n + 1 >= K)
+        nf = n + 1
+    if do:
+        g = h // HPG
+        A = tl.load(A_ptr + h).to(tl.float32)
+        offs_l = tl.arange(0, BLOCK_L)
+        mask_l = offs_l < nf
+        dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
+        w, total = _buffer_weights(dt_i * A, dt_i, mask_l, 0.0)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        Bb = _load_buffer_B(bB_ptr, slot * s_bB_s + g * s_bB_g, s_bB_l, offs_l, offs_n, mask_l, mask_n)
+        Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        Dh = tl.load(D_ptr + h).to(tl.float32)
+        ck_base = slot * s_ck_s + h * s_ck_h
+        sc_base = slot * s_sc_s + h * s_sc_h
+        for c in tl.range(0, BLOCK_P // FOLD_ROWS, num_stages=1, loop_unroll_factor=1):
+            offs_p = pid_p * BLOCK_P + c * FOLD_ROWS + tl.arange(0, FOLD_ROWS)
+            mask_p = offs_p < P
+            mask = mask_p[:, None] & mask_n[None, :]
+            Xb = tl.load(bx_ptr + slot * s_bx_s + h * s_bx_h + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                         mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+            S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE,
+                            EVICT)
+            S = total * S + _outer_sum(Xb * w[:, None], Bb, USE_DOT, DOT_PREC, EXACT)
+            _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask,
+                         mask_p, S, HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
+            xv = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+            _finish_y(tl.sum(S * Cv[None, :], axis=1), xv, Dh, z_ptr + b * s_z_b + h * s_z_h,
+                      y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, mask_p, HAS_Z, EXACT)
 
 
 # ----------------------------------------------------------------------------- fold (flush / commit)
@@ -477,7 +687,7 @@ def _fold_kernel(
             S = _fold_chunk(hi_ptr, hi_sc_ptr, ck_base, sc_base, s_ck_p, bx_ptr + bx_base, s_bx_l, offs_l, mask_l,
                             w, total, Bb, offs_p, offs_n, mask_p, mask, HI_SCALE, USE_DOT, DOT_PREC, EXACT)
             _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p,
-                         S, HI_SCALE, HAS_LO, LO_SCALE, EXACT)
+                         S, HI_SCALE, HAS_LO, LO_SCALE, EXACT, "")
 
 
 # ----------------------------------------------------------------------------- verify (speculation)
@@ -542,7 +752,7 @@ def _verify_kernel(
         in_p = offs_p < P
         mask_p = in_p & live
         mask = mask_p[:, None] & mask_n[None, :]
-        S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE)
+        S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE, "")
         Xb = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
                      mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
         Xd_raw = tl.load(x_ptr + b * s_x_b + offs_t[:, None] * s_x_t + h * s_x_h + offs_p[None, :],
@@ -698,7 +908,8 @@ def plan_eager_step(state, x, dt, A, B, C, D, dt_bias, z=None, state_indices=Non
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         BLOCK_P=block_p, ROW_CHUNKS=chunks, BLOCK_N=_np2(N),
-        HAS_Z=z is not None, HAS_IDX=state_indices is not None, EXACT=_interpreting(), num_warps=warps)
+        HAS_Z=z is not None, HAS_IDX=state_indices is not None, EXACT=_interpreting(),
+        EVICT=OVERRIDE.get("eager", {}).get("evict", ""), num_warps=warps)
     return [launch], y
 
 
@@ -737,7 +948,10 @@ def advance_cursor(rs, state_indices, rows: int, mode: int, accepted=None):
 
 
 def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, advance=True, out=None):
-    """([launches], y) of one ReplaySSM step: the step kernel (+ the cursor pass)."""
+    """([launches], y) of one ReplaySSM step. Fused route: the step kernel (advancing the
+    cursor by ticket when `advance`); split route: the output-only step kernel + the flush
+    kernel. With the ticket off (knob "ticket", REPLAY_CONFIGS) the cursor pass follows when
+    `advance`."""
     x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
     bsz, H, P = x.shape
     N, G = B.shape[-1], B.shape[1]
@@ -747,32 +961,52 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         return [], y
     _check_ckpts(rs.hi, rs.lo)
     rd = rs.read_ckpt
-    block_p, chunks, warps = launch_config("replay", P, _state_bytes(rd), bsz, H)
+    v = replay_variant(P, _state_bytes(rd), bsz, H)
+    block_p, warps, fused = v["block_p"], v["warps"], v["route"] == "fused"
+    if _fold_precision(rs) != "bf16x3" and "warps" not in OVERRIDE.get("replay", {}):
+        warps = max(warps, 2)   # fp32 buffers: the tf32x3 fold's operands spill at 1 warp (untuned path)
+    ticket = advance and v["ticket"]
     block_n = _np2(N)
-    block_l, use_dot = _block_l(min(rs.flush_period, L), block_p, block_n)   # a step sees n <= K - 1
+    block_l, use_dot = _block_l(min(rs.flush_period, L), v["fold_rows"], block_n)   # a step sees n <= K - 1
+    grid = (triton.cdiv(P, block_p), H, bsz)
+    nprog = grid[0] * H
+    if ticket and (nprog >= 1 << 15 or L >= 1 << 16):
+        raise ValueError(f"ticket cursor needs < 32768 programs per sequence ({nprog}) and L < 65536 ({L})")
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
     hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
     lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
-    grid = (triton.cdiv(P, block_p * chunks), H, bsz)
-    launch = _record(_replay_step_kernel, grid)(
+    common = dict(BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=block_l, HAS_Z=z is not None,
+                  HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
+                  USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), EVICT=v["evict"],
+                  FOLD_ROWS=v["fold_rows"], num_warps=warps)
+    if v["maxnreg"]:
+        common["maxnreg"] = v["maxnreg"]
+    launches = [_record(_replay_step_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx,
         rs.cursor, rs.x, rs.B, rs.dt,
         rd_d, rd_s, hi_d, hi_s, lo_d, lo_s,
-        rs.flush_period, P, N, H // G,
+        rs.flush_period, P, N, H // G, nprog,
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
-        BLOCK_P=block_p, ROW_CHUNKS=chunks, BLOCK_N=block_n, BLOCK_L=block_l,
-        HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has, HI_SCALE=hi_has,
-        HAS_LO=rs.lo is not None, LO_SCALE=lo_has, USE_DOT=use_dot, DOT_PREC=_fold_precision(rs),
-        EXACT=_interpreting(), num_warps=warps)
-    return [launch] + (plan_cursor(rs, state_indices, bsz, 0) if advance else []), y
+        RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], **common)]
+    if not fused:
+        launches.append(_record(_replay_flush_kernel, grid)(
+            x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,
+            hi_d, hi_s, lo_d, lo_s,
+            rs.flush_period, P, N, H // G,
+            x.stride(0), x.stride(1), C.stride(0), C.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
+            *_buffer_strides(rs), *_ckpt_strides(rs),
+            ADVANCED=ticket, **common))
+    if advance and not ticket:
+        launches += plan_cursor(rs, state_indices, bsz, 0)
+    return launches, y
 
 
 def replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, advance=True, out=None):
-    """Launch one ReplaySSM step (+ the cursor pass when `advance`). Shapes as eager_step;
+    """Launch one ReplaySSM step (advancing the cursor when `advance`). Shapes as eager_step;
     rs: replayssm.state.Mamba2ReplayState. Returns y [b, H, P]."""
     launches, y = plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, advance, out)
     _run(launches)
@@ -900,6 +1134,9 @@ def compile_offline(launch: Launch, arch: int = 90) -> dict:
         raise RuntimeError("compile_offline needs TRITON_INTERPRET unset (kernels are interpreted)")
     meta = dict(launch.meta)
     num_warps = meta.pop("num_warps")
+    options = {"num_warps": num_warps}
+    if meta.get("maxnreg") is not None:
+        options["maxnreg"] = meta.pop("maxnreg")
     if "EXACT" in meta:
         meta["EXACT"] = False        # GPU code path (hardware conversions, bf16 MMAs)
     sig, consts, attrs = {}, dict(meta), {}
@@ -921,7 +1158,7 @@ def compile_offline(launch: Launch, arch: int = 90) -> dict:
     for name in meta:
         sig[name] = "constexpr"
     compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": num_warps})
+                              options=options)
     ptx = compiled.asm["ptx"]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(ptxas):
