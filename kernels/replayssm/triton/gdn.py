@@ -1,5 +1,6 @@
-"""Triton kernels for Gated DeltaNet (GDN) decode: eager, ReplaySSM replay (fused flush),
-fold (standalone flush and speculative commit) and speculative verify.
+"""Triton kernels for Gated DeltaNet (GDN) decode: eager, ReplaySSM replay (fused flush, or an
+output-only launch plus a flush-step launch), fold (standalone flush and speculative commit)
+and speculative verify.
 
 Layouts (all contiguous except the activations, which may be strided views):
     state / checkpoint  [S, Hv, dv, dk]   o = S q: rows = dv, cols = dk (contiguous)
@@ -11,21 +12,24 @@ Layouts (all contiguous except the activations, which may be strided views):
     cursor              [S]               int32
     q, k [b, Hk, dk]; v, o [b, Hv, dv]; g, beta [b, Hv]   (verify: an extra draft dim T after b)
 
-Grid, every kernel: (cdiv(dv, BLOCK_V), Hv, batch). Each row of S evolves independently
-given the keys (u is per row), so a program owns a [BLOCK_V, dk] tile of one value head of
-one sequence and never needs another program's data. dv-tiles vary fastest so that the
-programs sharing a head's q/k and buffered keys run together (L2 reuse).
+Grid of eager, fold, verify: (cdiv(dv, BLOCK_V), Hv, batch). Each row of S evolves
+independently given the keys (u is per row), so a program owns a [BLOCK_V, dk] tile of one
+value head of one sequence and never needs another program's data. The replay step instead
+streams: a program owns HP value heads of one key head x NR chunks of BLOCK_V rows and loops
+over them, so that the per-sequence work (cursor, q/k norms, the buffered keys, the decay
+weights) is done once per program rather than once per tile (_gdn_replay_kernel).
 
-Cursor protocol ("ticket cursor"): ops that move the cursor (replay, fold) must let every
-program of a sequence see the OLD cursor while one of them writes the new one, with no host
-sync and a fixed grid (CUDA graphs). Each program takes the cursor with one relaxed
-atomic_add(cursor[slot], 1 << 16): the low 16 bits are the cursor, the high bits count the
-programs that have read it. The program that draws ticket nprog - 1 knows every other program
-of the sequence has already read the cursor (all reads are the atomics themselves, totally
-ordered on one address), so it stores the new cursor, clearing the ticket bits. Between
-launches the cursor is a plain int. Costs one L2 atomic per program, no extra launch; needs
-L < 65536 and Hv * cdiv(dv, BLOCK_V) < 32768. Verify reads the cursor with a plain load
-(it never moves it).
+Cursor protocol ("ticket cursor"): ops that move the cursor in one launch (fused replay, fold)
+must let every program of a sequence see the OLD cursor while one of them writes the new one,
+with no host sync and a fixed grid (CUDA graphs). Each program takes the cursor with one
+relaxed atomic_add(cursor[slot], 1 << 16): the low 16 bits are the cursor, the high bits count
+the programs that have read it. The program that draws ticket nprog - 1 knows every other
+program of the sequence has already read the cursor (all reads are the atomics themselves,
+totally ordered on one address), so it stores the new cursor, clearing the ticket bits.
+Between launches the cursor is a plain int. Costs one L2 atomic per program, no extra launch;
+needs L < 65536 and nprog < 32768. The SPLIT replay route reads the cursor with a plain load
+and leaves the move to its second launch (_gdn_flush_step_kernel); verify reads it with a
+plain load (it never moves it).
 """
 from __future__ import annotations
 
@@ -43,28 +47,45 @@ _CUR_MASK = tl.constexpr((1 << 16) - 1)
 _FP8_MAX = tl.constexpr(FP8_MAX)
 
 # ----------------------------------------------------------------------------- launch table
-# Per op: rows (max_batch, BLOCK_V, num_warps); the first row with batch <= max_batch wins
-# (None = any batch). BLOCK_V is clamped to next_pow2(dv). Chosen for dk = dv = 128 on H200:
-# small batches use narrow dv tiles so that >= ~4 programs per SM are in flight; large
-# batches use wider tiles so that the per-program work that does not scale with the tile
-# (q/k normalisation, buffered-key dot products, L2 reads of the buffered keys) is amortised.
-# Per-program fp32 register tile = BLOCK_V * next_pow2(dk) (<= 8K elements).
-# BLOCK_L (buffer chunk of the output-only route) = min(next_pow2(L), MAX_BLOCK_L).
-CONFIGS: dict[str, list[tuple[int | None, int, int]]] = {
-    "eager":  [(4, 8, 1), (64, 16, 2), (None, 32, 4)],
-    "replay": [(4, 16, 4), (64, 32, 4), (None, 64, 8)],
-    "fold":   [(None, 32, 4)],
-    "verify": [(4, 8, 4), (64, 16, 4), (None, 32, 4)],
+# Per op: rows (max_batch, BLOCK_V, num_warps[, options]); the first row with batch <= max_batch
+# wins (None = any batch); "op:N" rows, when present, serve state copies of N bytes per element
+# (the copy the op streams: replay's read copy, eager's state). BLOCK_V is clamped to
+# next_pow2(dv). Picked on an H200 at Qwen3.5 dims (dk = dv = 128) by tools/tune_gdn.py (one
+# run, numbers in docs/kernels.md). Replay: BLOCK_V = rows per chunk; NR chunks x HP value heads
+# per program; PF prefetch hints (1 L2, 2 L1) PF_DIST chunks ahead; PREFETCH cursor-independent
+# buffer reads; SPLIT = output-only launch + flush-step launch (else the fused kernel, ticket cursor).
+_BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 2, "SPLIT": True}     # 16/8-bit read copies, batch > 64
+CONFIGS: dict[str, list[tuple]] = {
+    "eager":    [(4, 4, 1), (64, 8, 2), (None, 32, 4)],
+    "eager:2":  [(4, 4, 1), (64, 8, 2), (None, 64, 4)],
+    "replay":   [(4, 8, 1, {"PREFETCH": True}),
+                 (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
+                 (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
+    "replay:2": [(4, 8, 1, {"PREFETCH": True}),
+                 (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
+                 (None, 128, 4, _BIG_READ)],
+    "replay:1": [(4, 8, 1, {"PREFETCH": True}),
+                 (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
+                 (None, 128, 4, _BIG_READ)],
+    "flush_step": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2})],
+    "fold":     [(None, 32, 4)],
+    "verify":   [(4, 8, 4), (64, 16, 4), (None, 32, 4)],
 }
-MAX_BLOCK_L = 16
+MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 
 
-def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dict | None = None) -> dict:
-    """Launch config {BLOCK_V, BLOCK_K, BLOCK_L, num_warps} for `op` at this shape."""
-    for max_b, bv, nw in CONFIGS[op]:
-        if max_b is None or batch <= max_b:
+def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dict | None = None,
+                state_bytes: int = 4) -> dict:
+    """Launch config {BLOCK_V, BLOCK_K, BLOCK_L, num_warps, ...} for `op` at this shape.
+    `state_bytes`: bytes per element of the state copy the op streams (table key "op:bytes"
+    when present, else "op")."""
+    rows = CONFIGS.get(f"{op}:{state_bytes}", CONFIGS[op])
+    for row in rows:
+        if row[0] is None or batch <= row[0]:
             break
-    cfg = {"BLOCK_V": bv, "num_warps": nw, "BLOCK_L": min(triton.next_power_of_2(L), MAX_BLOCK_L)}
+    cfg = {"BLOCK_V": row[1], "num_warps": row[2], "BLOCK_L": min(triton.next_power_of_2(L), MAX_BLOCK_L)}
+    if len(row) > 3:
+        cfg.update(row[3])
     if override:
         cfg.update(override)
     cfg["BLOCK_V"] = min(cfg["BLOCK_V"], triton.next_power_of_2(dv))
@@ -159,44 +180,6 @@ def _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
     return S
 
 
-@triton.jit
-def _buffer_terms(slot64, h, kh, n, kn, qn, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
-                  HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-                  BLOCK_V: tl.constexpr, BLOCK_L: tl.constexpr, EPS: tl.constexpr):
-    """Buffer part of the output-only route for one key vector kn and one query qn.
-
-    With c_i = sum_{j<=i} g_j over entries 0..n-1 and C = c_{n-1}:
-        acc_k = sum_{i<n} exp(C - c_i) (k_i . kn) u_i      [BLOCK_V]
-        acc_q = sum_{i<n} exp(C - c_i) (k_i . qn) u_i      [BLOCK_V]
-    returns (acc_k, acc_q, C). Chunks of BLOCK_L entries are walked from the newest, carrying
-    r = sum of g after the chunk, so every exponent is <= 0 (no overflow, no pre-pass over g).
-    """
-    NCH: tl.constexpr = (L + BLOCK_L - 1) // BLOCK_L
-    acc_k = tl.zeros([BLOCK_V], tl.float32)
-    acc_q = tl.zeros([BLOCK_V], tl.float32)
-    r = 0.0
-    for cc in range(NCH):
-        c0 = (NCH - 1 - cc) * BLOCK_L
-        if c0 < n:
-            ei = c0 + tl.arange(0, BLOCK_L)
-            em = ei < n
-            e = slot64 * L + ei
-            gch = tl.load(gb_ptr + e * HV + h, mask=em, other=0.0).to(tl.float32)
-            tot = tl.sum(gch, 0)
-            w = tl.where(em, tl.exp(r + tot - tl.cumsum(gch, 0)), 0.0)
-            kb = tl.load(kb_ptr + (e * HK + kh)[:, None] * DK + cols[None, :],
-                         mask=em[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-            kb = kb * tl.rsqrt(tl.sum(kb * kb, 1) + EPS)[:, None]
-            wkk = w * tl.sum(kb * kn[None, :], 1)
-            wkq = w * tl.sum(kb * qn[None, :], 1)
-            U = tl.load(ub_ptr + (e * HV + h)[:, None] * DV + rows[None, :],
-                        mask=em[:, None] & rmask[None, :], other=0.0).to(tl.float32)
-            acc_k += tl.sum(wkk[:, None] * U, 0)
-            acc_q += tl.sum(wkq[:, None] * U, 0)
-            r += tot
-    return acc_k, acc_q, r
-
-
 # ----------------------------------------------------------------------------- eager
 @triton.jit
 def _gdn_eager_kernel(
@@ -245,106 +228,495 @@ def _gdn_eager_kernel(
 
 # ----------------------------------------------------------------------------- replay
 @triton.jit
+def _hint(base, starts, LPR: tl.constexpr, LS: tl.constexpr, PF: tl.constexpr, INTERP: tl.constexpr):
+    """Prefetch hint for rows beginning at element offsets `starts` [R] of `base`, LPR 128-byte
+    lines (LS elements) each. PF 1: into L2, 2: into L1; no registers held, never faults.
+    No-op when interpreting or PF 0."""
+    if not INTERP:
+        if PF == 1 or PF == 2:
+            ptrs = base + starts[:, None] + (tl.arange(0, LPR) * LS)[None, :]
+            if PF == 1:
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+            else:
+                tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _opaque(x, INTERP: tl.constexpr):
+    """int32 identity the compiler cannot see through. Indexing the buffered u rows with it
+    hides their contiguity, so their [rows, entries] tile gets a plain layout instead of one
+    vectorised along the rows, and Triton then converts the small per-row sums into the state
+    chunk's layout rather than the whole chunk into theirs. No-op when interpreting."""
+    if not INTERP:
+        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+    return x
+
+
+@triton.jit
+def _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
+             DK: tl.constexpr, PK: tl.constexpr, RD_KIND: tl.constexpr, INTERP: tl.constexpr):
+    """(S k, S q) [R] of the state rows `row` [R] (row indices into [*, DK]) of the read copy.
+
+    PK > 1 (16- and 8-bit copies): read as int32 words of PK elements and unpacked to fp32 with
+    bit operations (bf16) or cvt (fp16, fp8 e4m3); phase t holds the columns PK j + t and is
+    dotted with the matching phase of k and q (kn_t, qn_t). The words are laid out like an
+    fp32 tile (16-byte vectors, the row sums within a warp); loaded in their own dtype and
+    widened, Triton would move the whole chunk through shared memory into another layout
+    (it hoists the layout conversion above the widening). RD_KIND: 0 fp32/fp64, 1 bf16, 2 fp16, 3 fp8.
+    """
+    DW: tl.constexpr = DK // PK
+    m2 = rm[:, None] & (cp < DW)[None, :]
+    if PK == 1:
+        Sf = tl.load(rd_ptr + row[:, None] * DK + cp[None, :], mask=m2, other=0.0,
+                     eviction_policy="evict_first").to(tl.float32)
+        Pk = Sf * kn_0[None, :]
+        Pq = Sf * qn_0[None, :]
+    else:
+        if INTERP and RD_KIND != 1:   # no inline asm under the interpreter: strided element loads
+            base = rd_ptr + row[:, None] * DK + cp[None, :] * PK
+            S0 = tl.load(base, mask=m2, other=0.0).to(tl.float32)
+            S1 = tl.load(base + 1, mask=m2, other=0.0).to(tl.float32)
+            if PK == 4:
+                S2 = tl.load(base + 2, mask=m2, other=0.0).to(tl.float32)
+                S3 = tl.load(base + 3, mask=m2, other=0.0).to(tl.float32)
+        else:
+            W = tl.load(rd_ptr.to(tl.pointer_type(tl.int32)) + row[:, None] * DW + cp[None, :], mask=m2, other=0,
+                        eviction_policy="evict_first")
+            if RD_KIND == 1:
+                S0 = (W << 16).to(tl.float32, bitcast=True)
+                S1 = (W & -65536).to(tl.float32, bitcast=True)
+            elif RD_KIND == 2:
+                S0, S1 = tl.inline_asm_elementwise(
+                    "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }",
+                    "=r,=r,r", [W], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+            else:
+                S0, S1, S2, S3 = tl.inline_asm_elementwise(
+                    "{ .reg .b16 lo, hi, a, b, c, d; .reg .b32 x, y; mov.b32 {lo, hi}, $4;"
+                    " cvt.rn.f16x2.e4m3x2 x, lo; cvt.rn.f16x2.e4m3x2 y, hi; mov.b32 {a, b}, x; mov.b32 {c, d}, y;"
+                    " cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; cvt.f32.f16 $2, c; cvt.f32.f16 $3, d; }",
+                    "=r,=r,=r,=r,r", [W], dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                    pack=1)
+        Pk = S0 * kn_0[None, :] + S1 * kn_1[None, :]
+        Pq = S0 * qn_0[None, :] + S1 * qn_1[None, :]
+        if PK == 4:
+            Pk += S2 * kn_2[None, :] + S3 * kn_3[None, :]
+            Pq += S2 * qn_2[None, :] + S3 * qn_3[None, :]
+    return tl.sum(Pk, 1), tl.sum(Pq, 1)
+
+
+@triton.jit
 def _gdn_replay_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr,
     hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, nxt_ptr,
     sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
     scale, flush_period, nprog,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NR: tl.constexpr, HP: tl.constexpr,
+    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PF: tl.constexpr, PF_DIST: tl.constexpr, PK: tl.constexpr,
+    RD_KIND: tl.constexpr,
+    RD_LPR: tl.constexpr, RD_LS: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, U_LPR: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
 ):
-    """One ReplaySSM step for one [BLOCK_V, dk] tile; the flush decision is per sequence, here.
+    """One ReplaySSM step. A program owns HP value heads (of one key head) x NR chunks of
+    BLOCK_R rows of one sequence and streams its HP * NR chunks (state rows, buffered u rows,
+    v) in one loop, with prefetch hints PF_DIST chunks ahead; what does not depend on the rows
+    (the cursor ticket, q/k normalisation, the buffered keys and their dot products with k and
+    q, every head's decay weights) is computed once per program. The state chunk keeps the
+    layout it is loaded in (fp32 tile, or int32 words of a 16/8-bit copy: _rd_dots).
 
-    n = cursor. Output-only route (n + 1 < K): one pass over the read checkpoint tile gives
-    S_c k and S_c q; with the buffer terms (see _buffer_terms), C = c_{n-1}:
-        S_{t-1} k = e^C S_c k + acc_k,   u = beta (v - alpha S_{t-1} k)
-        o = alpha (e^C S_c q + acc_q) + u (k . q)
-    writes u (and k once per key head, g once per head; dual: v, beta), no state.
-    Flush step (n + 1 >= K): fold entries 0..n-1 into the HIGH checkpoint tile (_fold), apply
-    this step eagerly, write the high checkpoint (dual: refresh the low copy), cursor -> 0.
+    n = cursor, c_i = g_0 + .. + g_i, C = c_{n-1}, w_i = exp(C - c_i) (i < n; every exponent <= 0).
+    Output-only route, per chunk (fp8: the row scale multiplies the dot products):
+        acc_k = sum_i w_i (k_i . k) u_i,  acc_q = sum_i w_i (k_i . q) u_i
+        u = beta (v - alpha (e^C S_c k + acc_k)),  o = alpha (e^C S_c q + acc_q) + u (k . q)
+    writes u and o, appends the entry (position n is read by no program of the launch).
+    Flush step (n + 1 >= K), decided per sequence:
+      non-dual: the output route, then the chunk is re-read as a plain tile (a cache hit) and
+        S_t = alpha (e^C S_c + sum_i w_i u_i k_i^T) + u k^T (an unrolled loop over the entries,
+        whose rows the route has just read), written back.
+      dual: the HIGH chunks are streamed instead; u_0..u_{n-1} are recomputed against them in
+        order (no u computed from the low copy enters the state), then this step eagerly;
+        o from the high state; high and low copies written; u not stored (as the reference).
+    PREFETCH: the buffer's addresses do not depend on the cursor (rows 0..BLOCK_L-1 are read
+    whatever n is and rows >= n are zeroed with where), so these loads issue with the first
+    chunk and the ticket instead of after the ticket returns; costs BLOCK_L - n extra rows.
+    SPLIT: the output-only route alone (no flush code, which would cost every program registers,
+    hence occupancy): a plain read of the cursor, n stored to nxt[b] (-1: padded row) for
+    _gdn_flush_step_kernel, launched next, which folds, writes the state and moves the cursor.
+    Dual flush steps only append here (their output comes from the high copy, in that kernel).
     """
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
     GROUP: tl.constexpr = HV // HK
-    kh = h // GROUP
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    rmask = rows < DV
+    RP: tl.constexpr = BLOCK_R * NR
+    NRS: tl.constexpr = (DV + RP - 1) // RP
+    NJ: tl.constexpr = HP * NR
+    RD_FP8: tl.constexpr = LO_FP8 if DUAL else HI_FP8
+    pid0 = tl.program_id(0)
+    kh = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    hs = pid0 // NRS
+    r0 = (pid0 % NRS) * RP
+    h0 = kh * GROUP + hs * HP
+    ar = tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
-    o_ptrs = o_ptr + b * sob + h * soh + rows
+    cp = tl.arange(0, BLOCK_K // PK)
+    hidx = tl.arange(0, HP)
+    ei = tl.arange(0, BLOCK_L)
     slot = tl.load(idx_ptr + b)
     if slot < 0:
-        tl.store(o_ptrs, _cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
+        zero = _cast(tl.zeros([BLOCK_R], tl.float32), o_ptr.dtype.element_ty, INTERP)
+        for j in range(NJ):
+            rr = r0 + (j % NR) * BLOCK_R + ar
+            tl.store(o_ptr + b * sob + (h0 + j // NR) * soh + rr, zero, mask=rr < DV)
+        if SPLIT:
+            if (pid0 == 0) & (kh == 0):
+                tl.store(nxt_ptr + b, -1)
     else:
         slot64 = slot.to(tl.int64)
-        row_off = (slot64 * HV + h) * DV + rows
-        tile = row_off[:, None] * DK + cols[None, :]
-        mask2 = rmask[:, None] & cmask[None, :]
-        # The read-checkpoint tile does not depend on the cursor: issue it first (the relaxed
-        # ticket atomic does not order it). Dual flush steps reload the high copy below.
         if DUAL:
-            S = _ckpt_load(lo_ptr, lo_sc_ptr, tile, row_off, mask2, rmask, LO_FP8)
+            rd_ptr = lo_ptr
+            rd_sc_ptr = lo_sc_ptr
         else:
-            S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
-        # ticket read of the cursor (module docstring): low bits cursor, high bits programs so far
-        old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
-        n = old & _CUR_MASK
-        last = (old >> 16) == nprog - 1
-        do_flush = n + 1 >= flush_period
-        if last:
-            tl.atomic_xchg(cur_ptr + slot64, tl.where(do_flush, 0, n + 1), sem="relaxed")
-
-        k_in = k_ptr + b * skb + kh * skh + cols
-        k_raw = tl.load(k_in, mask=cmask, other=0.0)
-        kn = k_raw.to(tl.float32)
-        kn = kn * tl.rsqrt(tl.sum(kn * kn, 0) + EPS)
+            rd_ptr = hi_ptr
+            rd_sc_ptr = hi_sc_ptr
+        # 1. hints for the first chunks of the read copy (addresses independent of the cursor)
+        for c in tl.static_range(PF_DIST):
+            if c < NJ:
+                if not INTERP:
+                    _hint(rd_ptr, ((slot64 * HV + h0 + c // NR) * DV + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1))
+                          * DK, RD_LPR, RD_LS, PF, INTERP)
+        # 2. the cursor: SPLIT: plain read (the flush-step kernel moves it); else the ticket
+        #    (module docstring): low bits cursor, high bits programs so far
+        if SPLIT:
+            old = tl.load(cur_ptr + slot64)
+        else:
+            old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
+        # 3. inputs: k, q (whole, and split by column phase for _rd_dots), per-head g, beta
+        k_raw = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0)
         qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
-        qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
-        v_raw = tl.load(v_ptr + b * svb + h * svh + rows, mask=rmask, other=0.0)
-        vv = v_raw.to(tl.float32)
-        gt = tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32)
-        bt = tl.load(beta_ptr + b * sbb + h * sbh).to(tl.float32)
-        alpha = tl.exp(gt)
+        if PK > 1:
+            kq_in = k_ptr + b * skb + kh * skh + cp * PK
+            qq_in = q_ptr + b * sqb + kh * sqh + cp * PK
+            kn_0 = tl.load(kq_in, mask=cp * PK < DK, other=0.0).to(tl.float32)
+            kn_1 = tl.load(kq_in + 1, mask=cp * PK + 1 < DK, other=0.0).to(tl.float32)
+            qn_0 = tl.load(qq_in, mask=cp * PK < DK, other=0.0).to(tl.float32)
+            qn_1 = tl.load(qq_in + 1, mask=cp * PK + 1 < DK, other=0.0).to(tl.float32)
+            kn_2, kn_3, qn_2, qn_3 = kn_0, kn_1, qn_0, qn_1
+            if PK == 4:
+                kn_2 = tl.load(kq_in + 2, mask=cp * PK + 2 < DK, other=0.0).to(tl.float32)
+                kn_3 = tl.load(kq_in + 3, mask=cp * PK + 3 < DK, other=0.0).to(tl.float32)
+                qn_2 = tl.load(qq_in + 2, mask=cp * PK + 2 < DK, other=0.0).to(tl.float32)
+                qn_3 = tl.load(qq_in + 3, mask=cp * PK + 3 < DK, other=0.0).to(tl.float32)
+        g2 = tl.load(g_ptr + b * sgb + (h0 + hidx) * sgh).to(tl.float32)       # [HP]
+        b2 = tl.load(beta_ptr + b * sbb + (h0 + hidx) * sbh).to(tl.float32)    # [HP]
+        # 4. buffer: keys [BL, dk] and decays [HP, BL]
+        e = slot64 * L + ei
+        if PREFETCH:
+            lm = ei < L
+        else:
+            lm = ei < (old & _CUR_MASK)
+        kb = tl.load(kb_ptr + (e * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
+                     other=0.0).to(tl.float32)
+        G2 = tl.load(gb_ptr + (e * HV)[None, :] + (h0 + hidx)[:, None], mask=lm[None, :], other=0.0).to(tl.float32)
+        n = old & _CUR_MASK
+        do_flush = n + 1 >= flush_period
+        if SPLIT:
+            if (pid0 == 0) & (kh == 0):
+                tl.store(nxt_ptr + b, n)
+        else:
+            if (old >> 16) == nprog - 1:
+                tl.atomic_xchg(cur_ptr + slot64, tl.where(do_flush, 0, n + 1), sem="relaxed")
+        em = ei < n
+        if PREFETCH:   # rows >= n may hold anything (even non-finite): zero them
+            kb = tl.where(em[:, None], kb, 0.0)
+            G2 = tl.where(em[None, :], G2, 0.0)
+        kn = k_raw.to(tl.float32)
+        k_inv = tl.rsqrt(tl.sum(kn * kn, 0) + EPS)
+        q_inv = tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale
+        kn = kn * k_inv
+        qn = qn * q_inv
         kq = tl.sum(kn * qn, 0)
-
-        # append entry n (position n is read by no program of this launch)
+        if PK > 1:
+            kn_0, kn_1, kn_2, kn_3 = kn_0 * k_inv, kn_1 * k_inv, kn_2 * k_inv, kn_3 * k_inv
+            qn_0, qn_1, qn_2, qn_3 = qn_0 * q_inv, qn_1 * q_inv, qn_2 * q_inv, qn_3 * q_inv
+        else:
+            kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3 = kn, kn, kn, kn, qn, qn, qn, qn
+        rn = tl.rsqrt(tl.sum(kb * kb, 1) + EPS)                                  # key norms [BL]
+        kk_ = tl.sum(kb * kn[None, :], 1) * rn
+        kq_ = tl.sum(kb * qn[None, :], 1) * rn
+        C2 = tl.sum(G2, 1)                                                      # [HP]
+        W2 = tl.where(em[None, :], tl.exp(C2[:, None] - tl.cumsum(G2, 1)), 0.0)  # [HP, BL]
+        ec2 = tl.exp(C2)
+        a2 = tl.exp(g2)
         ent = slot64 * L + n
         ok = n < L
-        if pid_v == 0:
-            tl.store(gb_ptr + ent * HV + h, gt, mask=ok)
-            if DUAL:
-                tl.store(bb_ptr + ent * HV + h, bt, mask=ok)
-            if h % GROUP == 0:
-                tl.store(kb_ptr + (ent * HK + kh) * DK + cols, _cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty, INTERP),
-                         mask=cmask & ok)
-        if DUAL:
-            tl.store(vb_ptr + (ent * HV + h) * DV + rows, _cast(vv, vb_ptr.dtype.element_ty, INTERP), mask=rmask & ok)
-        u_ptrs = ub_ptr + (ent * HV + h) * DV + rows
-
-        if do_flush:
-            if DUAL:
-                S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
-            S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
-                      HV, HK, DK, DV, L, DUAL, EPS)
-            u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
-            o = alpha * tl.sum(S * qn[None, :], 1) + u * kq
-            S = alpha * S + u[:, None] * kn[None, :]
-            if not DUAL:
-                tl.store(u_ptrs, u, mask=rmask & ok)
-            _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
-            if DUAL:
-                _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
+        if PREFETCH:
+            um = lm
         else:
-            acc_k, acc_q, c = _buffer_terms(slot64, h, kh, n, kn, qn, rows, rmask, cols, cmask, ub_ptr, kb_ptr,
-                                            gb_ptr, HV, HK, DK, DV, L, BLOCK_V, BLOCK_L, EPS)
-            ec = tl.exp(c)
-            u = bt * (vv - alpha * (ec * tl.sum(S * kn[None, :], 1) + acc_k))
-            o = alpha * (ec * tl.sum(S * qn[None, :], 1) + acc_q) + u * kq
-            tl.store(u_ptrs, u, mask=rmask & ok)
-        tl.store(o_ptrs, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
+            um = em
+
+        if SPLIT and DUAL and do_flush:
+            # ---- dual flush step, SPLIT: append v only (the flush-step kernel does the rest)
+            for j in range(NJ):
+                h = h0 + j // NR
+                rr = r0 + (j % NR) * BLOCK_R + ar
+                v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rr < DV, other=0.0)
+                tl.store(vb_ptr + (ent * HV + h) * DV + rr, _cast(v_c.to(tl.float32), vb_ptr.dtype.element_ty, INTERP),
+                         mask=(rr < DV) & ok)
+        elif (not SPLIT) and DUAL and do_flush:
+            # ---- dual flush: stream the HIGH chunks, recompute u_i against them, step, write both
+            for c in tl.static_range(PF_DIST):
+                if c < NJ:
+                    if not INTERP:
+                        _hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
+                                       + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                              HI_LPR, HI_LS, PF, INTERP)
+            for j in range(NJ):
+                hh = j // NR
+                h = h0 + hh
+                rr = r0 + (j % NR) * BLOCK_R + ar
+                rm = rr < DV
+                row = (slot64 * HV + h) * DV + rr
+                cn = j + PF_DIST
+                if cn < NJ:
+                    if not INTERP:
+                        _hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
+                                       + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                              HI_LPR, HI_LS, PF, INTERP)
+                # this chunk's raw v rows: the entry loop below reads them (hinted into L1 now)
+                if not INTERP:
+                    _hint(vb_ptr, ((slot64 * L + ei) * HV + h) * DV + r0 + (j % NR) * BLOCK_R, 1, 1, 2, INTERP)
+                S = tl.load(hi_ptr + row[:, None] * DK + cols[None, :], mask=rm[:, None] & cmask[None, :], other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+                v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
+                sel = hidx == hh
+                al_h = tl.sum(tl.where(sel, a2, 0.0), 0)
+                bt_h = tl.sum(tl.where(sel, b2, 0.0), 0)
+                for i in range(BLOCK_L):     # dynamic: an unrolled loop hoists every entry's loads (registers)
+                    i_ok = i < n
+                    ei_ = (slot64 * L + i) * HV + h
+                    ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
+                                 other=0.0).to(tl.float32)
+                    ki = ki * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)
+                    vi = tl.load(vb_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
+                    ai = tl.where(i_ok, tl.exp(tl.load(gb_ptr + ei_).to(tl.float32)), 1.0)
+                    bi = tl.where(i_ok, tl.load(bb_ptr + ei_).to(tl.float32), 0.0)
+                    ui = bi * (vi - ai * tl.sum(S * ki[None, :], 1))
+                    S = ai * S + ui[:, None] * ki[None, :]
+                u = bt_h * (v_c - al_h * tl.sum(S * kn[None, :], 1))
+                S = al_h * S + u[:, None] * kn[None, :]
+                o = tl.sum(S * qn[None, :], 1)
+                tile = row[:, None] * DK + cols[None, :]
+                m2 = rm[:, None] & cmask[None, :]
+                _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
+                _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
+                tl.store(o_ptr + b * sob + h * soh + rr, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                tl.store(vb_ptr + (ent * HV + h) * DV + rr, _cast(v_c, vb_ptr.dtype.element_ty, INTERP), mask=rm & ok)
+        else:
+            # ---- output-only route (+ the non-dual fold on flush steps), chunk by chunk
+            for j in range(NJ):
+                hh = j // NR
+                h = h0 + hh
+                rs = r0 + (j % NR) * BLOCK_R
+                rr = rs + ar
+                rm = rr < DV
+                row = (slot64 * HV + h) * DV + rr
+                cn = j + PF_DIST
+                if cn < NJ:
+                    hn = h0 + cn // NR
+                    rsn = r0 + (cn % NR) * BLOCK_R
+                    if not INTERP:
+                        _hint(rd_ptr, ((slot64 * HV + hn) * DV + tl.minimum(rsn + ar, DV - 1)) * DK, RD_LPR, RD_LS, PF,
+                              INTERP)
+                    if not INTERP:
+                        _hint(ub_ptr, tl.where(um, (e * HV + hn) * DV + rsn, (slot64 * L * HV + hn) * DV + rsn),
+                              U_LPR, 32, PF, INTERP)
+                sel = hidx == hh
+                w_h = tl.sum(tl.where(sel[:, None], W2, 0.0), 0)
+                ec_h = tl.sum(tl.where(sel, ec2, 0.0), 0)
+                al_h = tl.sum(tl.where(sel, a2, 0.0), 0)
+                bt_h = tl.sum(tl.where(sel, b2, 0.0), 0)
+                if RD_FP8:
+                    sc_c = tl.load(rd_sc_ptr + row, mask=rm, other=1.0)
+                U_c = tl.load(ub_ptr + ((e * HV + h) * DV)[None, :] + (rr if INTERP else _opaque(rr, INTERP))[:, None],
+                              mask=um[None, :] & rm[:, None], other=0.0).to(tl.float32)     # [BR, BL]
+                v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
+                skc, sqc = _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
+                                    DK, PK, RD_KIND, INTERP)
+                if RD_FP8:
+                    skc = skc * sc_c
+                    sqc = sqc * sc_c
+                if PREFETCH:
+                    U_c = tl.where(em[None, :], U_c, 0.0)
+                bk = tl.sum(U_c * (w_h * kk_)[None, :], 1)
+                bq = tl.sum(U_c * (w_h * kq_)[None, :], 1)
+                u = bt_h * (v_c - al_h * (ec_h * skc + bk))
+                o = al_h * (ec_h * sqc + bq) + u * kq
+                if DUAL:
+                    tl.store(vb_ptr + (ent * HV + h) * DV + rr, _cast(v_c, vb_ptr.dtype.element_ty, INTERP),
+                             mask=rm & ok)
+                elif not SPLIT:
+                    if do_flush:
+                        # the checkpoint chunk again (just read: a cache hit), as a plain tile
+                        S = tl.load(hi_ptr + row[:, None] * DK + cols[None, :], mask=rm[:, None] & cmask[None, :],
+                                    other=0.0).to(tl.float32)
+                        if HI_FP8:
+                            S = S * sc_c[:, None]
+                        S = ec_h * S
+                        wrun = 1.0    # w_i = prod_{i < j < n} alpha_j, from the newest entry down
+                        for ii in range(BLOCK_L):    # dynamic: an unrolled loop hoists every entry's loads
+                            i = BLOCK_L - 1 - ii
+                            i_ok = i < n
+                            ei_ = (slot64 * L + i) * HV + h
+                            ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
+                                         other=0.0).to(tl.float32)
+                            ui = tl.load(ub_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
+                            ci = tl.where(i_ok, wrun * tl.rsqrt(tl.sum(ki * ki, 0) + EPS), 0.0)
+                            S += (ci * ui)[:, None] * ki[None, :]
+                            wrun = tl.where(i_ok, wrun * tl.exp(tl.load(gb_ptr + ei_).to(tl.float32)), wrun)
+                        S = al_h * S + u[:, None] * kn[None, :]
+                        _ckpt_store(hi_ptr, hi_sc_ptr, row[:, None] * DK + cols[None, :], row, S,
+                                    rm[:, None] & cmask[None, :], rm, HI_FP8, INTERP)
+                tl.store(ub_ptr + (ent * HV + h) * DV + rr, u, mask=rm & ok)
+                tl.store(o_ptr + b * sob + h * soh + rr, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+        # append the rest of entry n: k once per key head, g (and beta) once per head
+        if r0 == 0:
+            tl.store(gb_ptr + ent * HV + h0 + hidx, g2, mask=ok & (hidx < HP))
+            if DUAL:
+                tl.store(bb_ptr + ent * HV + h0 + hidx, b2, mask=ok & (hidx < HP))
+            if hs == 0:
+                tl.store(kb_ptr + (ent * HK + kh) * DK + cols, _cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
+                                                                     INTERP), mask=cmask & ok)
+
+
+@triton.jit
+def _stored_entry(F, wrun, i, n, slot64, h, kh, rr, rm, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
+                  HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+                  EPS: tl.constexpr):
+    """F += w_i u_i k_i^T (k_i normalised) for entry i <= n, w_i = wrun; returns (F, wrun * alpha_i)."""
+    i_ok = i <= n
+    ei_ = (slot64 * L + i) * HV + h
+    ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok, other=0.0).to(tl.float32)
+    ui = tl.load(ub_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
+    F += ((wrun * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)) * ui)[:, None] * ki[None, :]
+    wrun = tl.where(i_ok, wrun * tl.exp(tl.load(gb_ptr + ei_, mask=i_ok, other=0.0).to(tl.float32)), wrun)
+    return F, wrun
+
+
+@triton.jit
+def _gdn_flush_step_kernel(
+    q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
+    sqb, sqh, sob, soh, scale, flush_period, batch,
+    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, NR: tl.constexpr, HP: tl.constexpr,
+    NW: tl.constexpr, BLOCK_B: tl.constexpr, PF: tl.constexpr, PF_DIST: tl.constexpr,
+    HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
+    HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+):
+    """Second launch of a SPLIT replay step: the flushes and the cursor moves.
+
+    nxt[b] = the cursor each batch row had (-1: padded), stored by the output-only launch,
+    which also appended this step's entry at n. Rows with n + 1 >= K flush: NW workers per
+    (head block, row block) share them out by rank (worker w takes the flushing rows of rank
+    w, w + NW, ...; NW = cdiv(batch, K) covers a staggered batch in one round), and each folds
+    entries 0..n (this step's included) into its HIGH chunks and writes them back:
+      non-dual: S = e^{c_n} S_c + sum_{i<=n} e^{c_n - c_i} u_i k_i^T (stored u);
+      dual: u_i recomputed in order against the high state, the low copy refreshed, and the
+        output o = S q replaces the one the first launch computed from the low copy.
+    The cursor of every live row is written once (worker block (0, 0)): 0 after a flush, else
+    n + 1. Nothing is read that a program of this launch writes. Programs with nothing to
+    fold exit after one load.
+    """
+    GROUP: tl.constexpr = HV // HK
+    RP: tl.constexpr = BLOCK_R * NR
+    NRS: tl.constexpr = (DV + RP - 1) // RP
+    NJ: tl.constexpr = HP * NR
+    NT: tl.constexpr = (BLOCK_B + NW - 1) // NW
+    pid0 = tl.program_id(0)
+    kh = tl.program_id(1)
+    w = tl.program_id(2)
+    hs = pid0 // NRS
+    r0 = (pid0 % NRS) * RP
+    h0 = kh * GROUP + hs * HP
+    ar = tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_K)
+    cmask = cols < DK
+    bb = tl.arange(0, BLOCK_B)
+    nb = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
+    fl = (nb >= 0) & (nb + 1 >= flush_period)
+    rank = tl.cumsum(fl.to(tl.int32), 0) - 1
+    if (pid0 == 0) & (kh == 0):
+        mine = (nb >= 0) & (bb % NW == w)
+        sl = tl.load(idx_ptr + bb, mask=mine, other=0)
+        tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
+    for t in range(NT):
+        pick = fl & (rank == w + t * NW)
+        if tl.sum(pick.to(tl.int32), 0) > 0:
+            b = tl.sum(tl.where(pick, bb, 0), 0).to(tl.int64)
+            n = tl.sum(tl.where(pick, nb, 0), 0)          # entries 0..n are folded
+            slot64 = tl.load(idx_ptr + b).to(tl.int64)
+            if DUAL:
+                qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
+                qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
+            for c in tl.static_range(PF_DIST):
+                if c < NJ:
+                    if not INTERP:
+                        _hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
+                                       + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                              HI_LPR, HI_LS, PF, INTERP)
+            for j in range(NJ):
+                h = h0 + j // NR
+                rr = r0 + (j % NR) * BLOCK_R + ar
+                rm = rr < DV
+                row = (slot64 * HV + h) * DV + rr
+                cn = j + PF_DIST
+                if cn < NJ:
+                    if not INTERP:
+                        _hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
+                                       + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                              HI_LPR, HI_LS, PF, INTERP)
+                tile = row[:, None] * DK + cols[None, :]
+                m2 = rm[:, None] & cmask[None, :]
+                S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
+                if DUAL:
+                    for i in tl.static_range(L):    # unrolled: every entry's loads issue up front
+                        i_ok = i <= n
+                        ei_ = (slot64 * L + i) * HV + h
+                        ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
+                                     other=0.0).to(tl.float32)
+                        ki = ki * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)
+                        vi = tl.load(vb_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
+                        ai = tl.where(i_ok, tl.exp(tl.load(gb_ptr + ei_).to(tl.float32)), 1.0)
+                        bi = tl.where(i_ok, tl.load(bb_ptr + ei_).to(tl.float32), 0.0)
+                        ui = bi * (vi - ai * tl.sum(S * ki[None, :], 1))
+                        S = ai * S + ui[:, None] * ki[None, :]
+                    o = tl.sum(S * qn[None, :], 1)
+                    tl.store(o_ptr + b * sob + h * soh + rr, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                    _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
+                else:
+                    wrun = 1.0    # w_i = prod_{i < j <= n} alpha_j, from the newest entry down
+                    F = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
+                    if HI_FP8 or hi_ptr.dtype.element_ty.primitive_bitwidth < 32:   # (quantising stores need
+                        # the registers: a rolled loop)
+                        for ii in range(L):
+                            F, wrun = _stored_entry(F, wrun, L - 1 - ii, n, slot64, h, kh, rr, rm, cols, cmask,
+                                                    ub_ptr, kb_ptr, gb_ptr, HV, HK, DK, DV, L, EPS)
+                    else:         # unrolled: every entry's loads issue up front
+                        for ii in tl.static_range(L):
+                            i = L - 1 - ii
+                            i_ok = i <= n
+                            ei_ = (slot64 * L + i) * HV + h
+                            ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
+                                         other=0.0).to(tl.float32)
+                            ui = tl.load(ub_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
+                            F += ((wrun * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)) * ui)[:, None] * ki[None, :]
+                            wrun = tl.where(i_ok, wrun * tl.exp(tl.load(gb_ptr + ei_, mask=i_ok, other=0.0)
+                                                                .to(tl.float32)), wrun)
+                    S = wrun * S + F
+                _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
 
 
 # ----------------------------------------------------------------------------- fold
@@ -599,26 +971,91 @@ def plan_eager(state, q, k, v, g, beta, state_indices, scale, o, config=None):
     batch, Hv, dv = v.shape
     Hk, dk = k.shape[1], k.shape[2]
     assert state.is_contiguous() and tuple(state.shape[1:]) == (Hv, dv, dk), state.shape
-    cfg = pick_config("eager", batch, dv, dk, 1, config)
+    cfg = pick_config("eager", batch, dv, dk, 1, config, state_bytes=state.element_size())
     grid = (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch)
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), state,
             *_strides(q, k, v, g, beta, o, dims=2), scale]
     return _gdn_eager_kernel, grid, args, _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv)
 
 
+def replay_meta(cfg: dict, L: int, dv: int, group: int) -> dict:
+    """Resolve the replay kernel's shape options (see _gdn_replay_kernel).
+
+    BLOCK_V = rows per chunk (BLOCK_R); NR chunks of rows per program (clamped to the head);
+    HP value heads per program (the largest power of two <= HP dividing Hv/Hk); PF prefetch
+    hints (0 none, 1 L2, 2 L1) PF_DIST chunks ahead; PREFETCH: cursor-independent buffer reads.
+    The buffer is read as one chunk of BLOCK_L = next_pow2(L) entries (a BLOCK_L in cfg is for
+    verify)."""
+    br = cfg["BLOCK_V"]
+    nr = max(1, min(int(cfg.get("NR", 1)), triton.cdiv(dv, br)))
+    hp = 1
+    while hp * 2 <= int(cfg.get("HP", 1)) and group % (hp * 2) == 0:
+        hp *= 2
+    return dict(BLOCK_R=br, NR=nr, HP=hp, BLOCK_L=triton.next_power_of_2(L), PREFETCH=bool(cfg.get("PREFETCH", False)),
+                PF=int(cfg.get("PF", 0)), PF_DIST=max(1, int(cfg.get("PF_DIST", 1))))
+
+
+def _lines(t: torch.Tensor, dk: int) -> tuple[int, int]:
+    """(lines per state row, elements per 128-byte line) of a state copy, for prefetch hints."""
+    es = t.element_size()
+    return triton.next_power_of_2(triton.cdiv(dk * es, 128)), max(1, 128 // es)
+
+
+def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
+    """Per-row scratch [>= batch] int32 that a SPLIT replay step's two launches share (kept on
+    the state object, so one allocation serves every step and a captured graph)."""
+    t = getattr(rs, "_gdn_nxt", None)
+    if t is None or t.numel() < batch or t.device != torch.device(device):
+        t = torch.empty(max(batch, 1), dtype=torch.int32, device=device)
+        rs._gdn_nxt = t
+    return t
+
+
 def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
+    """Launch plan(s) of one replay step: [replay] (fused flush, ticket cursor) or, when the
+    config says SPLIT, [output-only replay, flush step]."""
     batch, Hv, dv = v.shape
     Hk, dk = k.shape[1], k.shape[2]
     L = rs.capacity
-    cfg = pick_config("replay", batch, dv, dk, L, config)
-    nt = triton.cdiv(dv, cfg["BLOCK_V"])
-    _check_rs(rs, nt * Hv)
+    cfg = pick_config("replay", batch, dv, dk, L, config, state_bytes=rs.read_ckpt.data.element_size())
+    rm = replay_meta(cfg, L, dv, Hv // Hk)
+    split = bool(cfg.get("SPLIT", False))
+    nrs = triton.cdiv(dv, rm["BLOCK_R"] * rm["NR"])
+    grid = ((Hv // Hk) // rm["HP"] * nrs, Hk, batch)
+    nprog = grid[0] * Hk
+    _check_rs(rs, nprog)
     ck, ck_meta = _hi_lo_args(rs)
     buf, dual = _buffer_args(rs)
-    args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), *ck, *buf, rs.cursor,
-            *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nt * Hv]
-    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_L=cfg["BLOCK_L"], DUAL=dual, **ck_meta)
-    return _gdn_replay_kernel, (nt, Hv, batch), args, meta
+    idx = _rows_index(state_indices, batch, v.device)
+    nxt = _nxt(rs, batch, v.device) if split else rs.cursor
+    args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt,
+            *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
+    rd = rs.read_ckpt.data
+    kind = {torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3}.get(rd.dtype, 0)
+    pk = 4 // rd.element_size() if kind and cfg.get("PACK", True) else 1
+    if dk % pk:
+        pk = 1
+    (rd_lpr, rd_ls), (hi_lpr, hi_ls) = _lines(rd, dk), _lines(rs.hi.data, dk)
+    u_lpr = triton.next_power_of_2(triton.cdiv(rm["BLOCK_R"] * rs.u.element_size(), 128))
+    meta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"],
+                HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, SPLIT=split, PK=pk, RD_KIND=kind, RD_LPR=rd_lpr,
+                RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, **rm, **ck_meta)
+    plans = [(_gdn_replay_kernel, grid, args, meta)]
+    if split:
+        fc = pick_config("flush_step", batch, dv, dk, L, None, state_bytes=rs.hi.data.element_size())
+        fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
+        fc["BLOCK_V"] = min(fc["BLOCK_V"], triton.next_power_of_2(dv))
+        fm = replay_meta(fc, L, dv, Hv // Hk)
+        fnrs = triton.cdiv(dv, fm["BLOCK_R"] * fm["NR"])
+        nw = max(1, min(batch, triton.cdiv(batch, max(rs.flush_period, 1)) * int(fc.get("NW_MUL", 1))))
+        fgrid = ((Hv // Hk) // fm["HP"] * fnrs, Hk, nw)
+        fargs = [q, o, idx, nxt, *ck, *buf, rs.cursor, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
+        fmeta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"],
+                     HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
+                     NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
+                     HI_LPR=hi_lpr, HI_LS=hi_ls, **ck_meta)
+        plans.append((_gdn_flush_step_kernel, fgrid, fargs, fmeta))
+    return plans
 
 
 def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):
@@ -673,11 +1110,13 @@ def eager_step(state, q, k, v, g, beta, state_indices=None, scale=None, out=None
 
 
 def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, out=None, config=None):
-    """ReplaySSM GDN step (fused flush on the device); returns o [b, Hv, dv] (v's dtype)."""
+    """ReplaySSM GDN step (flush decided on the device: fused, or a second launch when the
+    launch table says SPLIT); returns o [b, Hv, dv] (v's dtype)."""
     q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
     o = torch.empty_like(v) if out is None else out
     if v.shape[0]:
-        _launch(plan_replay(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config))
+        for plan in plan_replay(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config):
+            _launch(plan)
     return o
 
 
@@ -717,7 +1156,8 @@ _TL_NAMES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16
 
 def compile_offline(plan, arch: int = 90) -> dict:
     """Compile a plan's kernel for CUDA sm_<arch> without a GPU (Triton's bundled LLVM and
-    ptxas) and return {'regs', 'stack', 'local', 'shared'} per thread/CTA from the cubin.
+    ptxas) and return {'regs', 'stack', 'local', 'shared'} per thread/CTA from the cubin, 'smem'
+    (the bytes of shared memory the launch asks for) and 'asm' (the compiler's ttgir/ptx/...).
 
     Specialises like the JIT does at launch (tensors 16-byte aligned, ints divisible by 16
     marked so, ints equal to 1 as constants). Needs TRITON_INTERPRET unset. Plans may be
@@ -766,4 +1206,4 @@ def compile_offline(plan, arch: int = 90) -> dict:
                              check=True).stdout
     use = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", out.split("Function", 1)[1]))
     return {"regs": int(use["REG"]), "stack": int(use["STACK"]), "local": int(use["LOCAL"]),
-            "shared": int(use["SHARED"])}
+            "shared": int(use["SHARED"]), "smem": int(ck.metadata.shared), "asm": ck.asm}

@@ -1,0 +1,662 @@
+"""H200 tuning of the Gated DeltaNet kernels (replayssm.triton.gdn), in one process and one device call.
+
+    python3 tools/tune_gdn.py                # on the GPU machine (TUNE_BUDGET_S: wall-clock guard, default 200)
+
+1. copy ceiling: torch.add(x, 0, out=y) on 1 GiB -> 1 GiB (2 GiB moved), CUDA graph, median;
+2. every variant (launch config / constexpr route) is compiled ahead in a pool of processes
+   (warm-up launches that fill Triton's on-disk cache), then checked against the reference
+   (replayssm.reference) at the very shape it is timed at, 3 steps crossing flushes
+   (outputs, checkpoints, cursors); a variant that fails is printed as FAIL and not timed;
+3. timing: CUDA graph of K = 16 steps over enough independent layers that the state is
+   >= 1 GiB, cursors staggered (sequence i starts at i mod K, as replaybench's kernel runner),
+   cold state; us = median per step per layer; GB/s from replaybench.traffic's modelled bytes;
+   pct = of the copy ceiling measured here.
+The pre-tuning replay kernel (git 12a9be1) is embedded below as `old` for before/after, and
+vLLM 0.26.0's own GDN decode kernel (the packed recurrent kernel its decode path calls) is timed
+through replaybench.runners.peers when the kernel stub (.vllm-stub) is present.
+Rows print as they are measured; the script stops starting new measurements past the budget.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import sys
+import time
+import traceback
+
+T0 = time.time()
+BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(ROOT, ".vllm-stub")):
+    sys.path.insert(0, os.path.join(ROOT, ".vllm-stub"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from replayssm import reference as R  # noqa: E402
+from replayssm.inputs import GDNShape, gdn_step_inputs  # noqa: E402
+from replayssm.state import GDNReplayState  # noqa: E402
+from replayssm.triton import gdn as TK  # noqa: E402
+from replayssm.triton.gdn import _CUR_MASK, _TICKET, _cast, _ckpt_load, _ckpt_store, _fold  # noqa: E402,F401
+from replaybench.traffic import eager_traffic, gdn_layer_bytes, replay_traffic  # noqa: E402
+
+MODELS = {"q122b": (16, 64), "q4b": (16, 32)}       # (key heads, value heads); dk = dv = 128
+L = K = 16
+DEV = "cuda"
+MODE = {  # name: (mode, state_dtype, lo_dtype, traffic method)
+    "f32": ("replay", "float32", None, "replay"),
+    "bf16": ("replay", "bfloat16", None, "replay"),
+    "dual-bf16": ("dual", "float32", "bfloat16", "replay-dual"),
+    "dual-fp8": ("dual", "float32", "float8_e4m3", "replay-dual"),
+}
+
+
+def elapsed() -> float:
+    return time.time() - T0
+
+
+# ----------------------------------------------------------------------------- the pre-tuning kernel
+@triton.jit
+def _old_buffer_terms(slot64, h, kh, n, kn, qn, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
+                      HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+                      BLOCK_V: tl.constexpr, BLOCK_L: tl.constexpr, EPS: tl.constexpr):
+    NCH: tl.constexpr = (L + BLOCK_L - 1) // BLOCK_L
+    acc_k = tl.zeros([BLOCK_V], tl.float32)
+    acc_q = tl.zeros([BLOCK_V], tl.float32)
+    r = 0.0
+    for cc in range(NCH):
+        c0 = (NCH - 1 - cc) * BLOCK_L
+        if c0 < n:
+            ei = c0 + tl.arange(0, BLOCK_L)
+            em = ei < n
+            e = slot64 * L + ei
+            gch = tl.load(gb_ptr + e * HV + h, mask=em, other=0.0).to(tl.float32)
+            tot = tl.sum(gch, 0)
+            w = tl.where(em, tl.exp(r + tot - tl.cumsum(gch, 0)), 0.0)
+            kb = tl.load(kb_ptr + (e * HK + kh)[:, None] * DK + cols[None, :],
+                         mask=em[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+            kb = kb * tl.rsqrt(tl.sum(kb * kb, 1) + EPS)[:, None]
+            wkk = w * tl.sum(kb * kn[None, :], 1)
+            wkq = w * tl.sum(kb * qn[None, :], 1)
+            U = tl.load(ub_ptr + (e * HV + h)[:, None] * DV + rows[None, :],
+                        mask=em[:, None] & rmask[None, :], other=0.0).to(tl.float32)
+            acc_k += tl.sum(wkk[:, None] * U, 0)
+            acc_q += tl.sum(wkq[:, None] * U, 0)
+            r += tot
+    return acc_k, acc_q, r
+
+
+@triton.jit
+def _old_replay_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr,
+    hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
+    sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
+    scale, flush_period, nprog,
+    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
+    HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+):
+    """The replay kernel as of git 12a9be1 (per-tile programs, fused flush), for before/after."""
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    GROUP: tl.constexpr = HV // HK
+    kh = h // GROUP
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < DV
+    cols = tl.arange(0, BLOCK_K)
+    cmask = cols < DK
+    o_ptrs = o_ptr + b * sob + h * soh + rows
+    slot = tl.load(idx_ptr + b)
+    if slot < 0:
+        tl.store(o_ptrs, _cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
+    else:
+        slot64 = slot.to(tl.int64)
+        row_off = (slot64 * HV + h) * DV + rows
+        tile = row_off[:, None] * DK + cols[None, :]
+        mask2 = rmask[:, None] & cmask[None, :]
+        if DUAL:
+            S = _ckpt_load(lo_ptr, lo_sc_ptr, tile, row_off, mask2, rmask, LO_FP8)
+        else:
+            S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+        old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
+        n = old & _CUR_MASK
+        last = (old >> 16) == nprog - 1
+        do_flush = n + 1 >= flush_period
+        if last:
+            tl.atomic_xchg(cur_ptr + slot64, tl.where(do_flush, 0, n + 1), sem="relaxed")
+        k_in = k_ptr + b * skb + kh * skh + cols
+        k_raw = tl.load(k_in, mask=cmask, other=0.0)
+        kn = k_raw.to(tl.float32)
+        kn = kn * tl.rsqrt(tl.sum(kn * kn, 0) + EPS)
+        qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
+        qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
+        v_raw = tl.load(v_ptr + b * svb + h * svh + rows, mask=rmask, other=0.0)
+        vv = v_raw.to(tl.float32)
+        gt = tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32)
+        bt = tl.load(beta_ptr + b * sbb + h * sbh).to(tl.float32)
+        alpha = tl.exp(gt)
+        kq = tl.sum(kn * qn, 0)
+        ent = slot64 * L + n
+        ok = n < L
+        if pid_v == 0:
+            tl.store(gb_ptr + ent * HV + h, gt, mask=ok)
+            if DUAL:
+                tl.store(bb_ptr + ent * HV + h, bt, mask=ok)
+            if h % GROUP == 0:
+                tl.store(kb_ptr + (ent * HK + kh) * DK + cols, _cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
+                                                                     INTERP), mask=cmask & ok)
+        if DUAL:
+            tl.store(vb_ptr + (ent * HV + h) * DV + rows, _cast(vv, vb_ptr.dtype.element_ty, INTERP), mask=rmask & ok)
+        u_ptrs = ub_ptr + (ent * HV + h) * DV + rows
+        if do_flush:
+            if DUAL:
+                S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+            S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+                      HV, HK, DK, DV, L, DUAL, EPS)
+            u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
+            o = alpha * tl.sum(S * qn[None, :], 1) + u * kq
+            S = alpha * S + u[:, None] * kn[None, :]
+            if not DUAL:
+                tl.store(u_ptrs, u, mask=rmask & ok)
+            _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
+            if DUAL:
+                _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
+        else:
+            acc_k, acc_q, c = _old_buffer_terms(slot64, h, kh, n, kn, qn, rows, rmask, cols, cmask, ub_ptr, kb_ptr,
+                                                gb_ptr, HV, HK, DK, DV, L, BLOCK_V, BLOCK_L, EPS)
+            ec = tl.exp(c)
+            u = bt * (vv - alpha * (ec * tl.sum(S * kn[None, :], 1) + acc_k))
+            o = alpha * (ec * tl.sum(S * qn[None, :], 1) + acc_q) + u * kq
+            tl.store(u_ptrs, u, mask=rmask & ok)
+        tl.store(o_ptrs, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
+
+
+def plan_old(rs, q, k, v, g, beta, idx, scale, o, bv, nw):
+    batch, Hv, dv = v.shape
+    Hk, dk = k.shape[1], k.shape[2]
+    nt = triton.cdiv(dv, bv)
+    ck, ck_meta = TK._hi_lo_args(rs)
+    buf, dual = TK._buffer_args(rs)
+    args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, *TK._strides(q, k, v, g, beta, o, dims=2), scale,
+            rs.flush_period, nt * Hv]
+    meta = dict(BLOCK_V=bv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_L=min(triton.next_power_of_2(L), 16),
+                INTERP=False, EPS=R.L2_EPS, num_warps=nw, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual,
+                **ck_meta)
+    return [(_old_replay_kernel, (nt, Hv, batch), args, meta)]
+
+
+# ----------------------------------------------------------------------------- variants
+def rcfg(br, nw, nr=1, hp=1, pf=0, dist=1, split=False, prefetch=False, **extra):
+    c = dict(BLOCK_V=br, num_warps=nw, NR=nr, HP=hp, PF=pf, PF_DIST=dist, SPLIT=split, PREFETCH=prefetch)
+    c.update(extra)
+    return c
+
+
+def vname(c) -> str:
+    if c.get("OLD"):
+        return f"old BV{c['BLOCK_V']} w{c['num_warps']}"
+    if "NR" not in c:
+        return f"eager BV{c['BLOCK_V']} w{c['num_warps']}"
+    s = f"{'split' if c.get('SPLIT') else 'fused'} R{c['BLOCK_V']}x{c['NR']} H{c['HP']} w{c['num_warps']}"
+    s += f" pf{c['PF']}/{c['PF_DIST']}" if c["PF"] else " pf0"
+    if c.get("PREFETCH"):
+        s += " pre"
+    f = {k[2:]: v for k, v in c.items() if k.startswith("F_")}
+    if f:
+        s += " | B " + ",".join(f"{k}{v}" for k, v in f.items())
+    return s
+
+
+OLD = lambda bv, nw: dict(OLD=True, BLOCK_V=bv, num_warps=nw)  # noqa: E731
+EAGER = lambda bv, nw: dict(BLOCK_V=bv, num_warps=nw)  # noqa: E731
+
+BIG = {   # batch 256, Qwen3.5-122B: the wide search
+    "f32": [OLD(64, 8),
+            rcfg(64, 8, 2, 4, 2, 2, True), rcfg(64, 8, 2, 4, 1, 2, True), rcfg(32, 4, 4, 4, 2, 2, True),
+            rcfg(16, 4, 8, 4, 2, 4, True), rcfg(32, 4, 4, 4, 2, 4, True), rcfg(64, 8, 2, 4, 0, 1, True),
+            rcfg(32, 4, 4, 2, 2, 2, True), rcfg(32, 4, 4, 4, 2, 2, True, True), rcfg(64, 4, 2, 4, 2, 2, True),
+            rcfg(32, 4, 4, 4, 2, 2, True, F_BLOCK_V=64, F_num_warps=8),
+            rcfg(32, 4, 4, 4, 2, 2, True, F_BLOCK_V=16, F_num_warps=4),
+            rcfg(32, 4, 4, 4, 2, 2, True, F_NW_MUL=2),
+            rcfg(32, 4, 4, 4, 2, 2, False), rcfg(64, 8, 1, 1, 0, 1, False)],
+    "dual-bf16": [OLD(64, 8),
+                  rcfg(64, 8, 2, 4, 2, 2, True), rcfg(32, 4, 4, 4, 2, 2, True), rcfg(64, 4, 2, 4, 2, 2, True),
+                  rcfg(128, 8, 1, 4, 2, 2, True), rcfg(128, 4, 1, 4, 2, 2, True), rcfg(64, 8, 2, 4, 0, 1, True),
+                  rcfg(64, 4, 2, 4, 2, 3, True)],
+    "dual-fp8": [OLD(64, 8),
+                 rcfg(128, 4, 1, 4, 2, 2, True), rcfg(64, 4, 2, 4, 2, 2, True), rcfg(128, 8, 1, 4, 2, 3, True),
+                 rcfg(64, 8, 2, 4, 2, 2, True), rcfg(32, 4, 4, 4, 2, 4, True), rcfg(128, 4, 1, 4, 1, 2, True),
+                 rcfg(128, 4, 1, 4, 2, 2, True, F_BLOCK_V=64, F_num_warps=8)],
+    "bf16": [OLD(64, 8),
+             rcfg(64, 4, 2, 4, 2, 2, True), rcfg(64, 8, 2, 4, 2, 2, True), rcfg(128, 8, 1, 4, 2, 2, True),
+             rcfg(32, 4, 4, 4, 2, 2, True), rcfg(128, 4, 1, 4, 2, 2, True)],
+    "eager-f32": [EAGER(32, 4), EAGER(64, 8), EAGER(16, 2), EAGER(32, 8), EAGER(16, 4)],
+    "eager-bf16": [EAGER(32, 4), EAGER(64, 4), EAGER(64, 8), EAGER(128, 8), EAGER(128, 4)],
+}
+SMALL = {  # batch 1 and 32: fp32 only
+    1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
+                rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True)],
+        "eager-f32": [EAGER(8, 1), EAGER(16, 2), EAGER(16, 4), EAGER(4, 1)]},
+    32: {"f32": [OLD(32, 4), rcfg(32, 4), rcfg(32, 4, prefetch=True), rcfg(16, 4, prefetch=True),
+                 rcfg(32, 4, 2, 2, 2, 1, prefetch=True), rcfg(16, 4, 2, 2, 2, 1, prefetch=True),
+                 rcfg(32, 4, 4, 4, 2, 2, True), rcfg(32, 4, 2, 2, 2, 2, True, True), rcfg(64, 8, 2, 4, 2, 2, True)],
+         "eager-f32": [EAGER(16, 2), EAGER(32, 4), EAGER(16, 4), EAGER(8, 2)]},
+}
+
+
+# ----------------------------------------------------------------------------- states, plans
+def make_rs(model, mode, batch, slots=None, seed=0, init=True):
+    Hk, Hv = MODELS[model]
+    m, sd, lo, _ = MODE[mode]
+    slots = batch if slots is None else slots
+    rs = GDNReplayState.allocate(slots, Hk, Hv, 128, 128, L, K, mode=m, state_dtype=sd, lo_dtype=lo,
+                                 act_dtype=torch.bfloat16, device=DEV)
+    if init:
+        gen = torch.Generator(device=DEV).manual_seed(seed)
+        init = torch.randn(slots, Hv, 128, 128, generator=gen, device=DEV) * 0.5
+        every = torch.arange(slots, device=DEV)
+        rs.hi.write(every, init)
+        if rs.lo is not None:
+            rs.lo.write(every, init)
+        del init
+        for buf in rs.buffers():
+            buf.copy_(torch.randn(buf.shape, generator=gen, device=DEV) * 0.3)
+        rs.g.copy_(torch.log(0.9 + 0.1 * torch.rand(rs.g.shape, generator=gen, device=DEV)))
+        if rs.beta is not None:
+            rs.beta.copy_(0.05 + 0.9 * torch.rand(rs.beta.shape, generator=gen, device=DEV))
+        rs.cursor.copy_((torch.arange(slots, device=DEV) % K).to(torch.int32))
+    return rs
+
+
+def make_state(model, sdtype, batch, seed=0):
+    Hk, Hv = MODELS[model]
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    return (torch.randn(batch, Hv, 128, 128, generator=gen, device=DEV) * 0.5).to(getattr(torch, sdtype))
+
+
+def inputs(model, batch, seed):
+    Hk, Hv = MODELS[model]
+    g = torch.Generator().manual_seed(seed)
+    return {k: v.to(DEV) for k, v in gdn_step_inputs(GDNShape(Hk, Hv, 128, 128), batch, gen=g).items()}
+
+
+def plans_for(kind, cfg, rs_or_state, x, idx, o):
+    scale = 128 ** -0.5
+    if kind == "eager":
+        return [TK.plan_eager(rs_or_state, **x, state_indices=idx, scale=scale, o=o, config=cfg)]
+    if cfg.get("OLD"):
+        return plan_old(rs_or_state, x["q"], x["k"], x["v"], x["g"], x["beta"], idx, scale, o, cfg["BLOCK_V"],
+                        cfg["num_warps"])
+    return TK.plan_replay(rs_or_state, **x, state_indices=idx, scale=scale, o=o, config=cfg)
+
+
+def launch(plans):
+    cks = []
+    for kernel, grid, args, meta in plans:
+        cks.append(kernel[grid](*args, **meta))
+    return cks
+
+
+def job_list():
+    """(model, kind/mode, batch, cfg) of everything this run may compile (order = priority)."""
+    jobs = []
+    for mode, cfgs in BIG.items():
+        for c in cfgs:
+            jobs.append(("q122b", mode, 256, c))
+    for b, d in SMALL.items():
+        for mode, cfgs in d.items():
+            for c in cfgs:
+                jobs.append(("q122b", mode, b, c))
+    # Qwen3.5-4B: defaults and a few likely winners (the best of each are timed at the end)
+    for mode, cfgs in BIG.items():
+        for c in cfgs[:4]:
+            jobs.append(("q4b", mode, 256, c))
+    for b, d in SMALL.items():
+        for mode, cfgs in d.items():
+            for c in cfgs[:4]:
+                jobs.append(("q4b", mode, b, c))
+    return jobs
+
+
+def _compile_job(job):
+    """Worker: fill Triton's disk cache for one job (warm-up compile, nothing launched)."""
+    model, mode, batch, cfg = job
+    try:
+        torch.cuda.set_device(0)
+        x = inputs(model, batch, 0)
+        idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+        o = torch.empty_like(x["v"])
+        if mode.startswith("eager"):
+            st = make_state(model, {"f32": "float32", "bf16": "bfloat16"}[mode.split("-")[1]], 1)
+            plans = plans_for("eager", cfg, st, x, idx, o)
+        else:
+            plans = plans_for("replay", cfg, make_rs(model, mode, batch, slots=1, init=False), x, idx, o)
+        for kernel, grid, args, meta in plans:
+            kernel.warmup(*args, grid=grid, **meta)
+        return None
+    except Exception as e:  # reported, the main process compiles (or fails) again
+        return f"{model} {mode} b{batch} {vname(cfg)}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def precompile(jobs, workers, deadline_s=75.0):
+    """Warm Triton's disk cache for `jobs` in `workers` spawned processes (each with its own CUDA
+    context); gives up waiting after deadline_s (the main process then compiles what is left)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    t = time.time()
+    ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+    futs = [ex.submit(_compile_job, j) for j in jobs]
+    done, pending = cf.wait(futs, timeout=deadline_s)
+    errs = []
+    for f in done:
+        try:
+            r = f.result()
+        except Exception as e:      # a worker that died
+            r = f"{type(e).__name__}: {str(e)[:200]}"
+        if r:
+            errs.append(r)
+    ex.shutdown(wait=False, cancel_futures=True)
+    print(f"# precompiled {len(done)}/{len(jobs)} jobs on {workers} processes in {time.time() - t:.1f} s"
+          f" ({len(errs)} errors)", flush=True)
+    for e in errs[:12]:
+        print("#   precompile error:", e, flush=True)
+
+
+# ----------------------------------------------------------------------------- measuring
+def time_graph(fn, reps=5) -> float:
+    """Median microseconds of one replay of a CUDA graph of fn (warmed up and captured first)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3)
+    del g
+    return statistics.median(ts)
+
+
+def copy_ceiling() -> float:
+    x = torch.randn(1 << 28, device=DEV)
+    y = torch.empty_like(x)
+    us = time_graph(lambda: [torch.add(x, 0, out=y) for _ in range(4)], reps=7) / 4
+    del x, y
+    return 2 * (1 << 30) / (us * 1e-6) / 1e9
+
+
+def layers_for(bytes_per_layer: float) -> int:
+    return max(1, min(256, -(-(1 << 30) // int(bytes_per_layer))))
+
+
+def model_bytes(model, mode, batch) -> float:
+    Hk, Hv = MODELS[model]
+    if mode.startswith("eager") or mode.startswith("vllm"):
+        sd = mode.split("-")[1]
+        sd = {"f32": "float32", "bf16": "bfloat16"}[sd]
+        return eager_traffic(gdn_layer_bytes(Hk, Hv, 128, 128, "eager", sd, "none"), batch).total_bytes
+    m, sd, lo, method = MODE[mode]
+    lb = gdn_layer_bytes(Hk, Hv, 128, 128, method, sd, lo or "none")
+    return replay_traffic(lb, batch, K).total_bytes
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def clone_rs(rs):
+    c = copy.copy(rs)
+    for f in ("u", "k", "g", "v", "beta", "cursor"):
+        t = getattr(rs, f)
+        setattr(c, f, None if t is None else t.clone())
+    c.hi = copy.copy(rs.hi)
+    c.hi.data, c.hi.scale = rs.hi.data.clone(), None if rs.hi.scale is None else rs.hi.scale.clone()
+    if rs.lo is not None:
+        c.lo = copy.copy(rs.lo)
+        c.lo.data, c.lo.scale = rs.lo.data.clone(), None if rs.lo.scale is None else rs.lo.scale.clone()
+    if hasattr(c, "_gdn_nxt"):
+        del c._gdn_nxt
+    return c
+
+
+def check_replay(model, mode, batch, cfg, base, steps=3) -> str:
+    """'' if the variant matches the reference over `steps` steps (outputs, checkpoints, cursors), else why."""
+    rs, rr = clone_rs(base), clone_rs(base)
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+    worst = 0.0
+    for s in range(steps):
+        x = inputs(model, batch, 100 + s)
+        o = torch.full_like(x["v"], float("nan"))
+        launch(plans_for("replay", cfg, rs, x, idx, o))
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+        if not torch.isfinite(o).all():
+            return f"step {s}: non-finite output"
+        worst = max(worst, rel(o, o_ref))
+    tol = 2e-2 if mode == "dual-fp8" else 1e-2
+    if worst > tol:
+        return f"output rel err {worst:.3g} > {tol}"
+    if not torch.equal(rs.cursor, rr.cursor):
+        return "cursors differ"
+    every = torch.arange(batch, device=DEV)
+    e_hi = rel(rs.hi.read(every, torch.float32), rr.hi.read(every, torch.float32))
+    if e_hi > (1e-3 if rs.hi.data.dtype == torch.float32 else 2e-2):
+        return f"checkpoint rel err {e_hi:.3g}"
+    if rs.lo is not None:
+        e_lo = rel(rs.lo.read(every, torch.float32), rr.lo.read(every, torch.float32))
+        if e_lo > 7e-2:
+            return f"low copy rel err {e_lo:.3g}"
+    e_u = rel(rs.u, rr.u)
+    if e_u > 1e-2:
+        return f"buffer u rel err {e_u:.3g}"
+    del rs, rr
+    return f"ok (out {worst:.1e}, hi {e_hi:.1e})"
+
+
+def check_eager(model, sd, batch, cfg) -> str:
+    st = make_state(model, sd, batch, seed=3)
+    ref = st.clone()
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+    x = inputs(model, batch, 7)
+    o = torch.full_like(x["v"], float("nan"))
+    launch(plans_for("eager", cfg, st, x, idx, o))
+    o_ref = R.gdn_eager_step(ref, **x, state_indices=idx)
+    e = rel(o, o_ref)
+    es = rel(st, ref)
+    del st, ref
+    if not (e <= 1e-2 and es <= (1e-4 if sd == "float32" else 1e-2)):
+        return f"FAIL eager out {e:.3g} state {es:.3g}"
+    return f"ok (out {e:.1e})"
+
+
+ROWS = []
+COPY = None
+
+
+def report(model, mode, batch, name, us, note=""):
+    by = model_bytes(model, mode, batch)
+    gbs = by / (us * 1e-6) / 1e9
+    ROWS.append((model, mode, batch, name, us, gbs, 100 * gbs / COPY))
+    print(f"{model:6s} {mode:10s} b{batch:<4d} {name:44s} {us:9.1f} us {gbs:7.0f} GB/s "
+          f"{100 * gbs / COPY:5.1f} %  {note}",
+          flush=True)
+
+
+def run_replay(model, mode, batch, cfgs):
+    """Check then time each replay variant on one set of layers; returns [(us, cfg)]."""
+    Hk, Hv = MODELS[model]
+    m, sd, lo, _ = MODE[mode]
+    per_layer = batch * Hv * 128 * 128 * (4 if sd == "float32" else 2)
+    nl = layers_for(per_layer)
+    layers = [make_rs(model, mode, batch, seed=11 + i) for i in range(nl)]
+    x = inputs(model, batch, 1)
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+    o = torch.empty_like(x["v"])
+    out = []
+    for cfg in cfgs:
+        if elapsed() > BUDGET:
+            print(f"# budget reached: skipping {model} {mode} b{batch} {vname(cfg)}", flush=True)
+            continue
+        name = vname(cfg)
+        try:
+            why = check_replay(model, mode, batch, cfg, layers[0])
+            if not why.startswith("ok"):
+                print(f"FAIL {model} {mode} b{batch} {name}: {why}", flush=True)
+                continue
+            cks = launch(plans_for("replay", cfg, layers[0], x, idx, o))
+            regs = "/".join(str(c.n_regs) for c in cks)
+            plans = [plans_for("replay", cfg, rs, x, idx, o) for rs in layers]
+
+            def sample():
+                for _ in range(K):
+                    for p in plans:
+                        launch(p)
+            us = time_graph(sample) / (K * nl)
+            report(model, mode, batch, name, us, f"regs {regs}  {why}")
+            out.append((us, cfg))
+        except Exception as e:
+            print(f"ERROR {model} {mode} b{batch} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            traceback.print_exc(limit=2)
+            if "CUDA" in str(e) or "illegal" in str(e):
+                raise
+    del layers
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_eager(model, sd, batch, cfgs):
+    Hk, Hv = MODELS[model]
+    mode = "eager-" + {"float32": "f32", "bfloat16": "bf16"}[sd]
+    nl = layers_for(batch * Hv * 128 * 128 * (4 if sd == "float32" else 2))
+    states = [make_state(model, sd, batch, seed=20 + i) for i in range(nl)]
+    x = inputs(model, batch, 2)
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+    o = torch.empty_like(x["v"])
+    out = []
+    for cfg in cfgs:
+        if elapsed() > BUDGET:
+            print(f"# budget reached: skipping {model} {mode} b{batch} {vname(cfg)}", flush=True)
+            continue
+        try:
+            why = check_eager(model, sd, batch, cfg)
+            if not why.startswith("ok"):
+                print(f"FAIL {model} {mode} b{batch} {vname(cfg)}: {why}", flush=True)
+                continue
+            cks = launch(plans_for("eager", cfg, states[0], x, idx, o))
+            plans = [plans_for("eager", cfg, st, x, idx, o) for st in states]
+
+            def sample():
+                for _ in range(K):
+                    for p in plans:
+                        launch(p)
+            us = time_graph(sample) / (K * nl)
+            report(model, mode, batch, vname(cfg), us, f"regs {cks[0].n_regs}")
+            out.append((us, cfg))
+        except Exception as e:
+            print(f"ERROR {model} {mode} b{batch} {vname(cfg)}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    del states
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_vllm(model, sd, batch):
+    if elapsed() > BUDGET:
+        return None
+    try:
+        from replaybench.models import get_model
+        from replaybench.runners.peers import VllmEagerLayer
+        dims = get_model({"q122b": "qwen3.5-122b-a10b", "q4b": "qwen3.5-4b"}[model]).ssm
+        Hk, Hv = MODELS[model]
+        nl = layers_for(batch * Hv * 128 * 128 * (4 if sd == "float32" else 2))
+        gen = torch.Generator().manual_seed(5)
+        layers = [VllmEagerLayer("gdn", dims, batch, sd, DEV, gen) for _ in range(nl)]
+        x = inputs(model, batch, 3)
+        idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+
+        def sample():
+            for _ in range(K):
+                for lay in layers:
+                    lay.step(x, {}, idx)
+        us = time_graph(sample) / (K * nl)
+        report(model, "vllm-" + {"float32": "f32", "bfloat16": "bf16"}[sd], batch, "vLLM 0.26.0 packed decode", us)
+        del layers
+        return us
+    except Exception as e:
+        print(f"# vLLM peer not timed ({type(e).__name__}: {str(e)[:200]})", flush=True)
+        return None
+
+
+def best(res):
+    return sorted(res, key=lambda t: t[0])
+
+
+def main():
+    global COPY
+    torch.cuda.set_device(0)
+    p = torch.cuda.get_device_properties(0)
+    print(f"# {p.name}, {p.multi_processor_count} SMs; torch {torch.__version__}, triton {triton.__version__}",
+          flush=True)
+    jobs = job_list()
+    precompile(jobs, workers=max(2, min(14, (os.cpu_count() or 4) - 2)))
+    COPY = copy_ceiling()
+    print(f"# copy ceiling (torch.add(x, 0, out=y), 1 GiB -> 1 GiB): {COPY:.0f} GB/s   [{elapsed():.0f} s]", flush=True)
+    print(f"{'model':6s} {'mode':10s} {'batch':5s} {'variant':44s} {'us/step/layer':>12s} {'GB/s':>9s} {'%copy':>7s}",
+          flush=True)
+    winners = {}
+    # 1. Qwen3.5-122B, batch 256: eager and every replay mode, the wide search
+    for sd, mode in (("float32", "eager-f32"), ("bfloat16", "eager-bf16")):
+        winners[mode] = best(run_eager("q122b", sd, 256, BIG[mode]))
+    vl = {sd: run_vllm("q122b", sd, 256) for sd in ("float32", "bfloat16")}
+    for mode in ("f32", "dual-fp8", "dual-bf16", "bf16"):
+        winners[mode] = best(run_replay("q122b", mode, 256, BIG[mode]))
+        print(f"# [{elapsed():.0f} s]", flush=True)
+    # 2. batch 1 and 32 (fp32), Qwen3.5-122B
+    for b in (1, 32):
+        we = best(run_eager("q122b", "float32", b, SMALL[b]["eager-f32"]))
+        run_vllm("q122b", "float32", b)
+        wr = best(run_replay("q122b", "f32", b, SMALL[b]["f32"]))
+        winners[f"b{b}"] = (we, wr)
+    # 3. Qwen3.5-4B: the defaults' neighbourhood and this run's winners
+    for sd, mode in (("float32", "eager-f32"), ("bfloat16", "eager-bf16")):
+        cf = [c for _, c in winners[mode][:2]] or BIG[mode][:1]
+        run_eager("q4b", sd, 256, cf)
+    for sd in ("float32", "bfloat16"):
+        run_vllm("q4b", sd, 256)
+    for mode in ("f32", "dual-fp8", "dual-bf16", "bf16"):
+        cf = [BIG[mode][0]] + [c for _, c in winners[mode][:2] if not c.get("OLD")]
+        run_replay("q4b", mode, 256, cf)
+    for b in (1, 32):
+        we, wr = winners[f"b{b}"]
+        run_eager("q4b", "float32", b, [c for _, c in we[:1]] or SMALL[b]["eager-f32"][:1])
+        run_replay("q4b", "f32", b, [SMALL[b]["f32"][0]] + [c for _, c in wr[:2] if not c.get("OLD")])
+    # summary: best per (model, mode, batch)
+    print("\n# best per case (variant, us, % of copy)", flush=True)
+    seen = {}
+    for r in ROWS:
+        k = r[:3]
+        if k not in seen or r[4] < seen[k][4]:
+            seen[k] = r
+    for k, r in seen.items():
+        print(f"#   {r[0]:6s} {r[1]:10s} b{r[2]:<4d} {r[3]:44s} {r[4]:9.1f} us {r[6]:5.1f} %", flush=True)
+    print(f"# done in {elapsed():.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)     # do not wait for precompile workers still running
