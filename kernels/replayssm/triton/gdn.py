@@ -41,6 +41,7 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
+from .offline import signature
 
 _TICKET = tl.constexpr(1 << 16)
 _CUR_MASK = tl.constexpr((1 << 16) - 1)
@@ -1150,10 +1151,6 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
 
 
 # ----------------------------------------------------------------------------- offline compile
-_TL_NAMES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16",
-             torch.float8_e4m3fn: "fp8e4nv", torch.int32: "i32", torch.int64: "i64"}
-
-
 def compile_offline(plan, arch: int = 90) -> dict:
     """Compile a plan's kernel for CUDA sm_<arch> without a GPU (Triton's bundled LLVM and
     ptxas) and return {'regs', 'stack', 'local', 'shared'} per thread/CTA from the cubin, 'smem'
@@ -1176,26 +1173,7 @@ def compile_offline(plan, arch: int = 90) -> dict:
     meta = dict(meta)
     num_warps = meta.pop("num_warps")
     names = kernel.arg_names
-    sig, consts, attrs = {}, dict(meta), {}
-    for i, (name, a) in enumerate(zip(names, args)):
-        if isinstance(a, torch.Tensor):
-            sig[name] = "*" + _TL_NAMES[a.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(a, bool):
-            sig[name], consts[name] = "constexpr", a
-        elif isinstance(a, int):
-            if a == 1:
-                sig[name], consts[name] = "constexpr", 1
-                continue
-            sig[name] = "i32" if -2 ** 31 <= a < 2 ** 31 else "i64"
-            if a % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(a, float):
-            sig[name] = "fp32"
-        else:
-            raise TypeError(f"argument {name}: {type(a)}")
-    for name in meta:
-        sig[name] = "constexpr"
+    sig, consts, attrs = signature(names, args, meta)
     src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

@@ -46,6 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .offline import signature
+
 # ----------------------------------------------------------------------------- launch configs
 # Tables for the lead to tune; defaults measured on an H200 by tools/tune_mamba2.py (see
 # docs/kernels.md, "H200 tuning"). Buckets: "small" = batch * H < SMALL_PROGRAMS (too few
@@ -1109,10 +1111,6 @@ def verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None)
 
 
 # ----------------------------------------------------------------------------- offline compile
-_TL_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
-             torch.float8_e4m3fn: "fp8e4nv", torch.int32: "i32", torch.int64: "i64"}
-
-
 def compile_offline(launch: Launch, arch: int = 90) -> dict:
     """Compile a recorded launch for CUDA sm_<arch> without a GPU (Triton's bundled LLVM and
     ptxas) and report ptxas' resource use: {'regs', 'spill_stores', 'spill_loads', 'ptx'}.
@@ -1139,24 +1137,7 @@ def compile_offline(launch: Launch, arch: int = 90) -> dict:
         options["maxnreg"] = meta.pop("maxnreg")
     if "EXACT" in meta:
         meta["EXACT"] = False        # GPU code path (hardware conversions, bf16 MMAs)
-    sig, consts, attrs = {}, dict(meta), {}
-    for i, (name, a) in enumerate(zip(kernel.arg_names, launch.args)):
-        if isinstance(a, torch.Tensor):
-            sig[name] = "*" + _TL_TYPES[a.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(a, bool):
-            sig[name], consts[name] = "constexpr", a
-        elif isinstance(a, int):
-            if a == 1:
-                sig[name], consts[name] = "constexpr", 1
-                continue
-            sig[name] = "i32" if -2 ** 31 <= a < 2 ** 31 else "i64"
-            if a % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            raise TypeError(f"argument {name}: {type(a).__name__}")
-    for name in meta:
-        sig[name] = "constexpr"
+    sig, consts, attrs = signature(kernel.arg_names, launch.args, meta)
     compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
                               options=options)
     ptx = compiled.asm["ptx"]

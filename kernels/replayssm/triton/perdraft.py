@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..reference import L2_EPS
+from .offline import signature
 
 # Launch table: rows (max_batch, rows per program, num_warps); the first row with batch <=
 # max_batch wins (None: any). Rows per program is clamped to next_pow2(P or dv). A program's
@@ -280,10 +281,6 @@ def verify_gdn(states, slot_table, start, q, k, v, g, beta, scale=None, out=None
     return o
 
 
-_TL = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
-       torch.int32: "i32", torch.int64: "i64"}
-
-
 def compile_offline(launch: Launch, arch: int = 90) -> dict:
     """Compile a recorded launch for CUDA sm_<arch> without a GPU (Triton's bundled LLVM and
     ptxas) and return ptxas' {'regs', 'spill_stores', 'spill_loads'}. Specialises as the JIT
@@ -304,26 +301,7 @@ def compile_offline(launch: Launch, arch: int = 90) -> dict:
     meta = dict(launch.meta)
     num_warps = meta.pop("num_warps")
     meta["EXACT"] = False
-    sig, consts, attrs = {}, dict(meta), {}
-    for i, (name, a) in enumerate(zip(kernel.arg_names, launch.args)):
-        if isinstance(a, torch.Tensor):
-            sig[name] = "*" + _TL[a.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(a, bool):
-            sig[name], consts[name] = "constexpr", a
-        elif isinstance(a, int):
-            if a == 1:
-                sig[name], consts[name] = "constexpr", 1
-                continue
-            sig[name] = "i32" if -2 ** 31 <= a < 2 ** 31 else "i64"
-            if a % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(a, float):
-            sig[name] = "fp32"
-        else:
-            raise TypeError(f"argument {name}: {type(a).__name__}")
-    for name in meta:
-        sig[name] = "constexpr"
+    sig, consts, attrs = signature(kernel.arg_names, launch.args, meta)
     compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": num_warps})
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
