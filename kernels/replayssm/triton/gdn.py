@@ -73,6 +73,14 @@ CONFIGS: dict[str, list[tuple]] = {
     "verify":   [(4, 8, 4), (64, 16, 4), (None, 32, 4)],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
+# Verify: tl.dot precision of the state tile times the drafts' raw keys/queries when the
+# state is fp32 ("tf32x3": ~2^-22 per product; "bf16x3" ~2^-16; "ieee" exact, FMA).
+VERIFY_F32_PRECISION = "tf32x3"
+VERIFY_CHUNK_K = 32   # dk columns per MMA step of the verify kernel's loop over the state tile
+# Tuning hook: OVERRIDE["verify"] = {BLOCK_V, num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC}
+# and OVERRIDE["fold"] = {BLOCK_V, num_warps} replace the table for every shape (a per-call
+# `config` wins). Empty in normal use.
+OVERRIDE: dict[str, dict] = {}
 
 
 def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dict | None = None,
@@ -771,6 +779,39 @@ def _gdn_fold_kernel(
 
 # ----------------------------------------------------------------------------- verify
 @triton.jit
+def _mm(a, b, PREC: tl.constexpr, INTERP: tl.constexpr):
+    """a @ b -> float32 (tl.dot). PREC "bf16": both operands hold bf16 values (exact products,
+    fp32 accumulation; under the interpreter, which mis-evaluates bf16 dots, the same products
+    in fp32); otherwise tl.dot's input_precision ("tf32", "tf32x3", "bf16x3", "ieee") on fp32
+    operands."""
+    if PREC == "bf16":
+        if INTERP:
+            r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif INTERP:   # the interpreter computes every dot in fp32 and knows only some precisions
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+    return r
+
+
+@triton.jit
+def _mma_acc(a, b, acc, PREC: tl.constexpr, INTERP: tl.constexpr):
+    """acc + a @ b (see _mm)."""
+    if PREC == "bf16":
+        if INTERP:
+            r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    elif INTERP:   # the interpreter computes every dot in fp32 and knows only some precisions
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+    return r
+
+
+@triton.jit
 def _gdn_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
@@ -778,18 +819,27 @@ def _gdn_verify_kernel(
     scale,
     T: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
-    RD_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
+    EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
 ):
-    """All T draft outputs for one [BLOCK_V, dk] tile from the read checkpoint and the buffer.
+    """All T draft outputs for one [BLOCK_V, dk] tile from the read checkpoint and the buffer,
+    in matrix form (drafts j as columns; every tile dim >= 16 for tl.dot).
 
-    n = cursor (plain read, not moved). Committed part, per draft j (C = c_{n-1}):
-        A_k[j] = e^C S_c k_j + sum_{i<n} e^{C-c_i} (k_i.k_j) u_i   (A_q likewise with q_j)
-    Drafts, D_j = g_0 + .. + g_j (D_{-1} = 0), forward substitution over j:
-        S_{n+j-1} k_j = e^{D_{j-1}} A_k[j] + sum_{m<j} e^{D_{j-1}-D_m} (k_m.k_j) u_m
-        u_j = beta_j (v_j - alpha_j S_{n+j-1} k_j)
-        o_j = e^{D_j} A_q[j] + sum_{m<=j} e^{D_j-D_m} (k_m.q_j) u_m
-    The checkpoint tile is read once for all drafts; no per-draft state. Drafts are written
-    to the buffer at n..n+T-1 (u; k, g once; dual: v, beta).
+    n = cursor (plain read, not moved); c_i = g_0 + .. + g_i over the buffer, C = c_{n-1};
+    D_j = gd_0 + .. + gd_j over the drafts; k, q l2-normalised (q also scaled) by per-row
+    factors applied after the raw dots, so the Gram and state MMAs multiply stored values.
+        SK = S_c Kd^T, SQ = S_c Qd^T                               [BV, T]  (MMA over dk: S_PREC)
+        AK = U^T (w * Kb Kd^T), AQ = U^T (w * Kb Qd^T), w_i = e^{C - c_i}   [BV, T]
+        S_{n-1} k_j = e^C SK + AK,  S_{n-1} q_j = e^C SQ + AQ
+    Drafts: u_j = beta_j (v_j - e^{D_j} (S_{n-1} k_j) - sum_{m<j} e^{D_j - D_m} (k_m.k_j) u_m ... )
+    i.e. Ud (I + M) = R with M[m, j] = [m < j] beta_j e^{D_j - D_m} (k_m.k_j) strictly upper
+    triangular and R[:, j] = beta_j (v_j - e^{D_j} S_{n-1} k_j); (I + M)^-1 =
+    (I - M)(I + M^2)(I + M^4)(I + M^8) exactly (M^16 = 0), four 16x16 products per program.
+        O = e^{D_j} (S_{n-1} q_j) + Ud Mq,  Mq[m, j] = [m <= j] e^{D_j - D_m} (k_m.q_j)
+    The checkpoint tile is read once for all drafts; no per-draft state. Load order: the
+    state tile first (its address needs only the slot); EARLY_BUF loads the buffer rows
+    < BLOCK_L before the cursor arrives and zeroes rows >= n after. Drafts are written to
+    the buffer at n..n+T-1 (u; k, g once; dual: v, beta).
     """
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
@@ -798,122 +848,132 @@ def _gdn_verify_kernel(
     kh = h // GROUP
     rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     rmask = rows < DV
-    cols = tl.arange(0, BLOCK_K)
-    cmask = cols < DK
     tt = tl.arange(0, BLOCK_T)
     tmask = tt < T
-    omask = tmask[:, None] & rmask[None, :]
-    o_ptrs = o_ptr + b * sob + tt[:, None] * sot + h * soh + rows[None, :]
+    ll = tl.arange(0, BLOCK_L)
     slot = tl.load(idx_ptr + b)
-    if slot < 0:
-        tl.store(o_ptrs, _cast(tl.zeros([BLOCK_T, BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=omask)
+    live = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    lrows = rmask & live
+    ltm = tmask & live
+    row_off = (slot64 * HV + h) * DV + rows
+    ent = slot64 * L + ll
+    if EARLY_BUF:
+        lm = (ll < L) & live
     else:
-        slot64 = slot.to(tl.int64)
-        row_off = (slot64 * HV + h) * DV + rows
-        tile = row_off[:, None] * DK + cols[None, :]
-        S = _ckpt_load(rd_ptr, rd_sc_ptr, tile, row_off, rmask[:, None] & cmask[None, :], rmask, RD_FP8)
-        n = tl.load(cur_ptr + slot64)
+        n = tl.load(cur_ptr + slot64, mask=live, other=0)
+        lm = (ll < n) & live
 
-        tkmask = tmask[:, None] & cmask[None, :]
-        k_in = k_ptr + b * skb + tt[:, None] * skt + kh * skh + cols[None, :]
-        k_raw = tl.load(k_in, mask=tkmask, other=0.0)
-        Kd = k_raw.to(tl.float32)
-        Kd = Kd * tl.rsqrt(tl.sum(Kd * Kd, 1) + EPS)[:, None]
-        Qd = tl.load(q_ptr + b * sqb + tt[:, None] * sqt + kh * sqh + cols[None, :], mask=tkmask,
-                     other=0.0).to(tl.float32)
-        Qd = Qd * (tl.rsqrt(tl.sum(Qd * Qd, 1) + EPS) * scale)[:, None]
-        Vd = tl.load(v_ptr + b * svb + tt[:, None] * svt + h * svh + rows[None, :], mask=omask, other=0.0).to(tl.float32)
-        gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=tmask, other=0.0).to(tl.float32)
-        bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=tmask, other=0.0).to(tl.float32)
+    # Dots over dk in chunks of BLOCK_K columns (loads feed the MMAs directly; the state tile
+    # never sits in registers whole): SK = S_c Kd^T, SQ = S_c Qd^T [BV, T]; Gram matrices of the
+    # raw keys/queries: buffer x drafts GK, GQ [L, T], drafts x drafts KK, KQ [T, T]; squared norms.
+    SK = tl.zeros([BLOCK_V, BLOCK_T], tl.float32)
+    SQ = tl.zeros([BLOCK_V, BLOCK_T], tl.float32)
+    GK = tl.zeros([BLOCK_L, BLOCK_T], tl.float32)
+    GQ = tl.zeros([BLOCK_L, BLOCK_T], tl.float32)
+    KK = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
+    KQ = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
+    nk = tl.zeros([BLOCK_T], tl.float32)
+    nq = tl.zeros([BLOCK_T], tl.float32)
+    nkb = tl.zeros([BLOCK_L], tl.float32)
+    for c0 in tl.range(0, DK, BLOCK_K):
+        cols = c0 + tl.arange(0, BLOCK_K)
+        cmask = cols < DK
+        S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        tkmask = ltm[:, None] & cmask[None, :]
+        kr = tl.load(k_ptr + b * skb + tt[:, None] * skt + kh * skh + cols[None, :], mask=tkmask, other=0.0)
+        qr = tl.load(q_ptr + b * sqb + tt[:, None] * sqt + kh * sqh + cols[None, :], mask=tkmask, other=0.0)
+        kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
+                     other=0.0)
+        krT = tl.trans(kr)
+        qrT = tl.trans(qr)
+        SK = _mma_acc(S, krT, SK, S_PREC, INTERP)
+        SQ = _mma_acc(S, qrT, SQ, S_PREC, INTERP)
+        GK = _mma_acc(kb, krT, GK, K_PREC, INTERP)
+        GQ = _mma_acc(kb, qrT, GQ, K_PREC, INTERP)
+        KK = _mma_acc(kr, krT, KK, K_PREC, INTERP)
+        KQ = _mma_acc(kr, qrT, KQ, K_PREC, INTERP)
+        kf = kr.to(tl.float32)
+        qf = qr.to(tl.float32)
+        kbf = kb.to(tl.float32)
+        nk += tl.sum(kf * kf, 1)
+        nq += tl.sum(qf * qf, 1)
+        nkb += tl.sum(kbf * kbf, 1)
+    if RD_FP8:
+        rsc = tl.load(rd_sc_ptr + row_off, mask=lrows, other=1.0)
+        SK = SK * rsc[:, None]
+        SQ = SQ * rsc[:, None]
 
-        # Checkpoint and draft-draft terms first, so that the big tiles die early (registers):
-        # SK[j] = S_c k_j, SQ[j] = S_c q_j; Gram matrices KK[m, j] = k_m . k_j, KQ[m, j] = k_m . q_j.
-        tc = tl.arange(0, BLOCK_T)[None, :]
-        SK = tl.zeros([BLOCK_T, BLOCK_V], tl.float32)
-        SQ = tl.zeros([BLOCK_T, BLOCK_V], tl.float32)
-        KK = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
-        KQ = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
-        for j in range(T):
-            sel = (tt == j)[:, None]
-            kj = tl.sum(tl.where(sel, Kd, 0.0), 0)
-            qj = tl.sum(tl.where(sel, Qd, 0.0), 0)
-            SK += tl.where(sel, tl.sum(S * kj[None, :], 1)[None, :], 0.0)
-            SQ += tl.where(sel, tl.sum(S * qj[None, :], 1)[None, :], 0.0)
-            KK += tl.where(tc == j, tl.sum(Kd * kj[None, :], 1)[:, None], 0.0)
-            KQ += tl.where(tc == j, tl.sum(Kd * qj[None, :], 1)[:, None], 0.0)
+    # drafts' other inputs and the buffered u, g
+    vt_mask = lrows[:, None] & ltm[None, :]
+    Vd = tl.load(v_ptr + b * svb + tt[None, :] * svt + h * svh + rows[:, None], mask=vt_mask,
+                 other=0.0).to(tl.float32)                                     # [BV, BT]
+    gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
+    bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
+    gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
+    Ut = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rows[:, None], mask=lrows[:, None] & lm[None, :],
+                 other=0.0).to(tl.float32)                                     # [BV, BL]
+    if EARLY_BUF:   # rows >= n are stale: selected away (never multiplied: they may hold anything)
+        n = tl.load(cur_ptr + slot64, mask=live, other=0)
+        lm = (ll < n) & live
+        gch = tl.where(lm, gch, 0.0)
+        Ut = tl.where(lm[None, :], Ut, 0.0)
 
-        # committed buffer entries, newest chunk first (exponents <= 0):
-        # AK[j] = sum_{i<n} e^{C-c_i} (k_i . k_j) u_i, AQ[j] likewise with q_j
-        NCH: tl.constexpr = (L + BLOCK_L - 1) // BLOCK_L
-        AK = tl.zeros([BLOCK_T, BLOCK_V], tl.float32)
-        AQ = tl.zeros([BLOCK_T, BLOCK_V], tl.float32)
-        r = 0.0
-        for cc in range(NCH):
-            c0 = (NCH - 1 - cc) * BLOCK_L
-            if c0 < n:
-                ei = c0 + tl.arange(0, BLOCK_L)
-                em = ei < n
-                e = slot64 * L + ei
-                gch = tl.load(gb_ptr + e * HV + h, mask=em, other=0.0).to(tl.float32)
-                tot = tl.sum(gch, 0)
-                w = tl.where(em, tl.exp(r + tot - tl.cumsum(gch, 0)), 0.0)
-                kb = tl.load(kb_ptr + (e * HK + kh)[:, None] * DK + cols[None, :],
-                             mask=em[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-                kb = kb * tl.rsqrt(tl.sum(kb * kb, 1) + EPS)[:, None]
-                U = tl.load(ub_ptr + (e * HV + h)[:, None] * DV + rows[None, :],
-                            mask=em[:, None] & rmask[None, :], other=0.0).to(tl.float32)
-                for j in range(T):
-                    sel = (tt == j)[:, None]
-                    kj = tl.sum(tl.where(sel, Kd, 0.0), 0)
-                    qj = tl.sum(tl.where(sel, Qd, 0.0), 0)
-                    ak = tl.sum((w * tl.sum(kb * kj[None, :], 1))[:, None] * U, 0)
-                    aq = tl.sum((w * tl.sum(kb * qj[None, :], 1))[:, None] * U, 0)
-                    AK += tl.where(sel, ak[None, :], 0.0)
-                    AQ += tl.where(sel, aq[None, :], 0.0)
-                r += tot
-        ec = tl.exp(r)
-        AK = ec * SK + AK       # = S_{n-1} k_j
-        AQ = ec * SQ + AQ       # = S_{n-1} q_j
+    # l2 norms as row/column factors; buffer weights (exponents <= 0)
+    rk = tl.rsqrt(nk + EPS)
+    rq = tl.rsqrt(nq + EPS) * scale
+    c = tl.cumsum(gch, 0)
+    Cn = tl.sum(gch, 0)
+    w = tl.exp(Cn - c) * tl.rsqrt(nkb + EPS)                                   # [BL]
+    GK = tl.where(lm[:, None], GK * w[:, None], 0.0) * rk[None, :]
+    GQ = tl.where(lm[:, None], GQ * w[:, None], 0.0) * rq[None, :]
+    eC = tl.exp(Cn)
+    SKn = eC * (SK * rk[None, :]) + _mm(Ut, GK, SMALL_PREC, INTERP)             # S_{n-1} k_j  [BV, BT]
+    SQn = eC * (SQ * rq[None, :]) + _mm(Ut, GQ, SMALL_PREC, INTERP)             # S_{n-1} q_j
+    KK = KK * rk[:, None] * rk[None, :]
+    KQ = KQ * rk[:, None] * rq[None, :]
 
-        # drafts: forward substitution (draft j needs the u of drafts < j)
-        Dc = tl.cumsum(gd, 0)
-        UD = tl.zeros([BLOCK_T, BLOCK_V], tl.float32)
-        O = tl.zeros([BLOCK_T, BLOCK_V], tl.float32)
-        for j in range(T):
-            sel1 = tt == j
-            sel = sel1[:, None]
-            gj = tl.sum(tl.where(sel1, gd, 0.0), 0)
-            bj = tl.sum(tl.where(sel1, bd, 0.0), 0)
-            dj = tl.sum(tl.where(sel1, Dc, 0.0), 0)
-            dprev = dj - gj
-            vj = tl.sum(tl.where(sel, Vd, 0.0), 0)
-            ak = tl.sum(tl.where(sel, AK, 0.0), 0)
-            aq = tl.sum(tl.where(sel, AQ, 0.0), 0)
-            wk = tl.where(tt < j, tl.exp(tl.minimum(dprev - Dc, 0.0)), 0.0) * tl.sum(tl.where(tc == j, KK, 0.0), 1)
-            sk = tl.exp(dprev) * ak + tl.sum(wk[:, None] * UD, 0)
-            uj = bj * (vj - tl.exp(gj) * sk)
-            UD = tl.where(sel, uj[None, :], UD)
-            wq = tl.where(tt <= j, tl.exp(tl.minimum(dj - Dc, 0.0)), 0.0) * tl.sum(tl.where(tc == j, KQ, 0.0), 1)
-            oj = tl.exp(dj) * aq + tl.sum(wq[:, None] * UD, 0)
-            O = tl.where(sel, oj[None, :], O)
-        tl.store(o_ptrs, _cast(O, o_ptr.dtype.element_ty, INTERP), mask=omask)
+    # drafts: triangular solve Ud (I + M) = R
+    Dc = tl.cumsum(gd, 0)
+    ups = (tt[:, None] < tt[None, :]) & tmask[None, :]                         # m < j < T
+    dec = tl.exp(tl.where(ups | (tt[:, None] == tt[None, :]), Dc[None, :] - Dc[:, None], -float("inf")))
+    M = tl.where(ups, bd[None, :] * dec * KK, 0.0)
+    eD = tl.exp(Dc)
+    R = bd[None, :] * (Vd - eD[None, :] * SKn)
+    eye = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0)
+    M2 = _mm(M, M, SMALL_PREC, INTERP)
+    M4 = _mm(M2, M2, SMALL_PREC, INTERP)
+    inv = _mm(eye - M, eye + M2, SMALL_PREC, INTERP)
+    inv = _mm(inv, eye + M4, SMALL_PREC, INTERP)
+    if BLOCK_T > 8:
+        inv = _mm(inv, eye + _mm(M4, M4, SMALL_PREC, INTERP), SMALL_PREC, INTERP)
+    Ud = _mm(R, inv, SMALL_PREC, INTERP)                                           # [BV, BT]
+    Mq = tl.where((tt[:, None] <= tt[None, :]) & tmask[None, :], dec * KQ, 0.0)
+    O = eD[None, :] * SQn + _mm(Ud, Mq, SMALL_PREC, INTERP)
+    tl.store(o_ptr + b * sob + tt[None, :] * sot + h * soh + rows[:, None], _cast(O, o_ptr.dtype.element_ty, INTERP),
+             mask=rmask[:, None] & tmask[None, :])
 
-        # write the drafts to the buffer at n..n+T-1 (cursor unchanged)
-        pos = n + tt
-        pm = tmask & (pos < L)
-        ent = slot64 * L + pos
-        tl.store(ub_ptr + (ent * HV + h)[:, None] * DV + rows[None, :], UD, mask=pm[:, None] & rmask[None, :])
+    # write the drafts to the buffer at n..n+T-1 (cursor unchanged)
+    pos = n + tt
+    pm = ltm & (pos < L)
+    dent = slot64 * L + pos
+    um = lrows[:, None] & pm[None, :]
+    tl.store(ub_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], Ud, mask=um)
+    if DUAL:
+        tl.store(vb_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], _cast(Vd, vb_ptr.dtype.element_ty, INTERP),
+                 mask=um)
+    if pid_v == 0:
+        tl.store(gb_ptr + dent * HV + h, gd, mask=pm)
         if DUAL:
-            tl.store(vb_ptr + (ent * HV + h)[:, None] * DV + rows[None, :], _cast(Vd, vb_ptr.dtype.element_ty, INTERP),
-                     mask=pm[:, None] & rmask[None, :])
-        if pid_v == 0:
-            tl.store(gb_ptr + ent * HV + h, gd, mask=pm)
-            if DUAL:
-                tl.store(bb_ptr + ent * HV + h, bd, mask=pm)
-            if h % GROUP == 0:
-                tl.store(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :],
-                         _cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty, INTERP),
-                         mask=pm[:, None] & cmask[None, :])
+            tl.store(bb_ptr + dent * HV + h, bd, mask=pm)
+        if h % GROUP == 0:   # raw keys (re-read: L2 hits)
+            for c0 in tl.range(0, DK, BLOCK_K):
+                cols = c0 + tl.arange(0, BLOCK_K)
+                cm = pm[:, None] & (cols < DK)[None, :]
+                kr = tl.load(k_ptr + b * skb + tt[:, None] * skt + kh * skh + cols[None, :], mask=cm, other=0.0)
+                tl.store(kb_ptr + (dent * HK + kh)[:, None] * DK + cols[None, :],
+                         _cast(kr.to(tl.float32), kb_ptr.dtype.element_ty, INTERP), mask=cm)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -979,20 +1039,22 @@ def plan_eager(state, q, k, v, g, beta, state_indices, scale, o, config=None):
     return _gdn_eager_kernel, grid, args, _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv)
 
 
-def replay_meta(cfg: dict, L: int, dv: int, group: int) -> dict:
+def replay_meta(cfg: dict, L: int, dv: int, group: int, K: int | None = None) -> dict:
     """Resolve the replay kernel's shape options (see _gdn_replay_kernel).
 
     BLOCK_V = rows per chunk (BLOCK_R); NR chunks of rows per program (clamped to the head);
     HP value heads per program (the largest power of two <= HP dividing Hv/Hk); PF prefetch
     hints (0 none, 1 L2, 2 L1) PF_DIST chunks ahead; PREFETCH: cursor-independent buffer reads.
-    The buffer is read as one chunk of BLOCK_L = next_pow2(L) entries (a BLOCK_L in cfg is for
-    verify)."""
+    The buffer is read as one chunk of BLOCK_L = next_pow2(min(K, L)) entries: a step sees
+    n <= K - 1 committed entries (every step or commit that reaches K flushes), so with
+    K < L the rows a PREFETCH read issues stay those the traffic model counts (a BLOCK_L in
+    cfg is for other kernels)."""
     br = cfg["BLOCK_V"]
     nr = max(1, min(int(cfg.get("NR", 1)), triton.cdiv(dv, br)))
     hp = 1
     while hp * 2 <= int(cfg.get("HP", 1)) and group % (hp * 2) == 0:
         hp *= 2
-    return dict(BLOCK_R=br, NR=nr, HP=hp, BLOCK_L=triton.next_power_of_2(L), PREFETCH=bool(cfg.get("PREFETCH", False)),
+    return dict(BLOCK_R=br, NR=nr, HP=hp, BLOCK_L=triton.next_power_of_2(min(K or L, L)), PREFETCH=bool(cfg.get("PREFETCH", False)),
                 PF=int(cfg.get("PF", 0)), PF_DIST=max(1, int(cfg.get("PF_DIST", 1))))
 
 
@@ -1019,7 +1081,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     Hk, dk = k.shape[1], k.shape[2]
     L = rs.capacity
     cfg = pick_config("replay", batch, dv, dk, L, config, state_bytes=rs.read_ckpt.data.element_size())
-    rm = replay_meta(cfg, L, dv, Hv // Hk)
+    rm = replay_meta(cfg, L, dv, Hv // Hk, rs.flush_period)
     split = bool(cfg.get("SPLIT", False))
     nrs = triton.cdiv(dv, rm["BLOCK_R"] * rm["NR"])
     grid = ((Hv // Hk) // rm["HP"] * nrs, Hk, batch)
@@ -1046,7 +1108,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
         fc = pick_config("flush_step", batch, dv, dk, L, None, state_bytes=rs.hi.data.element_size())
         fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
         fc["BLOCK_V"] = min(fc["BLOCK_V"], triton.next_power_of_2(dv))
-        fm = replay_meta(fc, L, dv, Hv // Hk)
+        fm = replay_meta(fc, L, dv, Hv // Hk, rs.flush_period)
         fnrs = triton.cdiv(dv, fm["BLOCK_R"] * fm["NR"])
         nw = max(1, min(batch, triton.cdiv(batch, max(rs.flush_period, 1)) * int(fc.get("NW_MUL", 1))))
         fgrid = ((Hv // Hk) // fm["HP"] * fnrs, Hk, nw)
@@ -1063,7 +1125,7 @@ def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):
     rows = idx.shape[0]
     _, Hv, dv, dk = rs.hi.data.shape
     L = rs.capacity
-    cfg = pick_config("fold", rows, dv, dk, L, config)
+    cfg = pick_config("fold", rows, dv, dk, L, {**OVERRIDE.get("fold", {}), **(config or {})})
     nt = triton.cdiv(dv, cfg["BLOCK_V"])
     _check_rs(rs, nt * Hv)
     ck, ck_meta = _hi_lo_args(rs)
@@ -1074,21 +1136,40 @@ def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):
     return _gdn_fold_kernel, (nt, Hv, rows), args, meta
 
 
+def _mma_precision(a: torch.dtype, b: torch.dtype) -> str:
+    """tl.dot precision exact per product for operands stored as dtypes a, b: "bf16" (bf16, or
+    fp8 e4m3 with bf16), "tf32" (bf16 / fp16 mixes fit tf32), else VERIFY_F32_PRECISION."""
+    small = (torch.bfloat16, torch.float8_e4m3fn)
+    if a in small and b in small:
+        return "bf16"
+    if a in small + (torch.float16,) and b in small + (torch.float16,):
+        return "tf32"
+    return VERIFY_F32_PRECISION
+
+
 def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
     batch, T, Hv, dv = v.shape
     Hk, dk = k.shape[2], k.shape[3]
     L = rs.capacity
     if T > L:
         raise ValueError(f"draft window {T} exceeds buffer_len {L}")
-    cfg = pick_config("verify", batch, dv, dk, L, config)
+    if T > 16:
+        raise ValueError(f"draft window {T} > 16 is not supported by the verify kernel")
+    cfg = pick_config("verify", batch, dv, dk, L, {**OVERRIDE.get("verify", {}), **(config or {})})
+    cfg["BLOCK_V"] = max(16, cfg["BLOCK_V"])
+    cfg["BLOCK_K"] = max(16, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
     nt = triton.cdiv(dv, cfg["BLOCK_V"])
     _check_rs(rs, nt * Hv)
     rd, rd_sc, rd_fp8 = _ckpt_args(rs.read_ckpt)
     buf, dual = _buffer_args(rs)
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), rd, rd_sc, *buf, rs.cursor,
             *_strides(q, k, v, g, beta, o, dims=3), scale]
-    meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_L=cfg["BLOCK_L"],
-                        BLOCK_T=triton.next_power_of_2(T), RD_FP8=rd_fp8, DUAL=dual)
+    s_prec = cfg.get("S_PREC") or _mma_precision(rs.read_ckpt.data.dtype, k.dtype)
+    meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
+                        BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
+                        BLOCK_T=max(16, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
+                        S_PREC=s_prec, K_PREC=_mma_precision(rs.k.dtype, k.dtype),
+                        EARLY_BUF=bool(cfg.get("EARLY_BUF", True)), SMALL_PREC=cfg.get("SMALL_PREC", "tf32x3"))
     return _gdn_verify_kernel, (nt, Hv, batch), args, meta
 
 

@@ -122,6 +122,13 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
 CURSOR_BLOCK = 256
+# Verify: load the buffer tiles for all rows < min(K, L) before the cursor arrives (rows >= n
+# zeroed after): one dependent round trip less per program, up to K - n rows more read.
+VERIFY_EARLY_BUF = True
+# Verify: tl.dot precision of the fp32 state tile times C ("tf32x3" ~2^-22 per product,
+# "split3" exact products (three bf16 MMAs), "bf16x3" ~2^-16), and N columns per MMA step.
+VERIFY_F32_PRECISION = "tf32x3"
+VERIFY_CHUNK_N = 32
 # Precision of the flush fold's tl.dot (sum_i w_i x_i B_i^T over <= L entries). With a bf16
 # buffer the fold runs as "bf16x3" (exact products, see _outer_sum); with other buffers it
 # uses FOLD_DOT_PRECISION on fp32 operands: "tf32x3" (three TF32 MMAs, ~2^-22 relative per
@@ -694,93 +701,157 @@ def _fold_kernel(
 
 # ----------------------------------------------------------------------------- verify (speculation)
 @triton.jit
+def _mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
+    """acc + a @ b -> float32 with tl.dot, exact per product where the operands allow.
+    PREC "bf16": both operands hold bf16 values (fp8 e4m3 values are exact in bf16); under
+    the interpreter (EXACT), which mis-evaluates bf16 dots, the same products in fp32.
+    "split3" / "split3b": b / a holds bf16 values and the other (fp32) operand is split into
+    three bf16 parts (24 significant bits): three exact-product MMAs (_outer_sum).
+    Otherwise tl.dot's input_precision ("tf32", "tf32x3", "bf16x3", "ieee") on fp32 operands."""
+    if PREC == "bf16":
+        if EXACT:
+            r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    elif PREC == "split3":
+        r = acc + _outer_sum(tl.trans(a.to(tl.float32)), b, True, "bf16x3", EXACT)
+    elif PREC == "split3b":   # a holds bf16 values; b (fp32) split into three bf16 parts
+        r = acc + tl.trans(_outer_sum(b.to(tl.float32), tl.trans(a), True, "bf16x3", EXACT))
+    elif EXACT:   # the interpreter computes every dot in fp32 and knows only some precisions
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+    return r
+
+
+@triton.jit
 def _verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
     cur_ptr, bx_ptr, bB_ptr, bdt_ptr, rd_ptr, rd_sc_ptr,
-    P, N, L, HPG,
+    P, N: tl.constexpr, L, HPG,
     s_x_b, s_x_t, s_x_h, s_dt_b, s_dt_t, s_B_b, s_B_t, s_B_g, s_C_b, s_C_t, s_C_g,
     s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h,
     s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
     s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
-    T: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, RD_SCALE: tl.constexpr, EXACT: tl.constexpr,
+    T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr, HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, RD_SCALE: tl.constexpr,
+    S_PREC: tl.constexpr, BC_PREC: tl.constexpr, X_PREC: tl.constexpr, EARLY_BUF: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
-    """Outputs of T drafts for rows of head h of batch row b, from the read checkpoint
-    tile (read once for all T), buffer rows 0..n-1 and the drafts themselves (from the
-    inputs, causally masked); writes the drafts at buffer rows n..n+T-1. No state written,
-    the cursor is not moved. Per target t the weights are
-        checkpoint: exp(c_buf + cd_t); buffer entry i: dt_i exp(sum_{j>i} la_j + cd_t);
-        draft j <= t: dt_j exp(cd_t - cd_j), with cd the drafts' inclusive cumulative log-decay.
+    """Outputs of T drafts for rows [pid_p*BLOCK_P, +BLOCK_P) of head h of batch row b, from
+    the read checkpoint tile (read once for all T), buffer rows 0..n-1 and the drafts
+    themselves (causally masked); writes the drafts at buffer rows n..n+T-1. No state is
+    written and the cursor does not move.
+
+    Matrix form, targets t as rows (every dim padded to >= 16 for tl.dot):
+        Y^T [T, P] = (C [T, N] @ S^T [N, P]) * exp(c_buf + cd_t)[:, None]
+                   + W^T [T, L] @ Xb [L, P]       W[i, t]  = dt_i exp(suf_i + cd_t) (B_i . C_t)
+                   + Wd^T [T, T] @ Xd [T, P]      Wd[j, t] = [j <= t] dt_j exp(cd_t - cd_j) (B_j . C_t)
+    with suf_i = sum_{i<j<n} dt_j A, c_buf = sum_{i<n} dt_i A and cd the drafts' inclusive
+    cumulative log-decay. The checkpoint term is one MMA over the state tile (S_PREC: exact
+    "bf16" for bf16 / fp8 read copies, "tf32x3" for fp32 ones); B . C Gram matrices are MMAs
+    of bf16 values (BC_PREC); the fp32 weights times the buffered x are the bf16x3 split
+    (_outer_sum with X_PREC) so every product is exact. Load order: the state tile first
+    (its address needs only the slot), then the drafts, then the cursor; with EARLY_BUF the
+    buffer tiles are loaded for all BLOCK_L rows before the cursor is known and rows >= n
+    are zeroed after (one dependent round trip less, up to K - n rows more read).
     """
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
-    n = tl.load(cur_ptr + slot, mask=live, other=0)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    in_p = offs_p < P
+    mask_p = in_p & live
+    ck_base = slot * s_ck_s + h * s_ck_h
+    offs_t = tl.arange(0, BLOCK_T)
+    mask_t = (offs_t < T) & live
+    offs_l = tl.arange(0, BLOCK_L)
+    bx_base = slot * s_bx_s + h * s_bx_h
+    bB_base = slot * s_bB_s + g * s_bB_g
+    if EARLY_BUF:
+        in_l = (offs_l < L) & live
+    else:
+        n = tl.load(cur_ptr + slot, mask=live, other=0)
+        in_l = (offs_l < n) & live
+
+    # Dots over N in chunks of BLOCK_N columns (loads feed the MMAs directly; the state tile is
+    # never in registers whole): the checkpoint term S C^T [BP, T] and the Gram matrices
+    # B_i . C_t of the buffer [L, T] and of the drafts [T, T].
+    Y = tl.zeros([BLOCK_P, BLOCK_T], tl.float32)
+    CB = tl.zeros([BLOCK_L, BLOCK_T], tl.float32)
+    CdB = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
+    for c0 in tl.range(0, N, BLOCK_N):
+        offs_n = c0 + tl.arange(0, BLOCK_N)
+        in_n = offs_n < N
+        S = tl.load(rd_ptr + ck_base + offs_p[:, None] * s_ck_p + offs_n[None, :],
+                    mask=mask_p[:, None] & in_n[None, :], other=0.0)
+        CdT = tl.trans(tl.load(C_ptr + b * s_C_b + offs_t[:, None] * s_C_t + g * s_C_g + offs_n[None, :],
+                               mask=mask_t[:, None] & in_n[None, :], other=0.0))                    # [BN, BT]
+        Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
+                     mask=in_l[:, None] & in_n[None, :], other=0.0)
+        Bd = _cast(tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
+                           mask=mask_t[:, None] & in_n[None, :], other=0.0).to(tl.float32),
+                   bB_ptr.dtype.element_ty, EXACT)
+        Y = _mma_acc(S, CdT, Y, S_PREC, EXACT)
+        CB = _mma_acc(Bb, CdT, CB, BC_PREC, EXACT)
+        CdB = _mma_acc(Bd, CdT, CdB, BC_PREC, EXACT)
+    if RD_SCALE:
+        Y = Y * tl.load(rd_sc_ptr + slot * s_sc_s + h * s_sc_h + offs_p, mask=mask_p, other=1.0)[:, None]
+
+    # drafts' other inputs, then the buffer's dt and x
     A = tl.load(A_ptr + h).to(tl.float32)
     Dh = tl.load(D_ptr + h).to(tl.float32)
     bias = tl.load(dtb_ptr + h).to(tl.float32)
+    dd = _softplus(tl.load(dt_ptr + b * s_dt_b + offs_t * s_dt_t + h, mask=mask_t, other=0.0).to(tl.float32) + bias)
+    dd = tl.where(mask_t, dd.to(bdt_ptr.dtype.element_ty).to(tl.float32), 0.0)
+    mask_pt = mask_p[:, None] & mask_t[None, :]
+    XdT = _cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_p[:, None],
+                        mask=mask_pt, other=0.0).to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # [BP, BT]
+    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=in_l, other=0.0).to(tl.float32)
+    XbT = tl.load(bx_ptr + bx_base + offs_l[None, :] * s_bx_l + offs_p[:, None],
+                  mask=in_l[None, :] & mask_p[:, None], other=0.0)                                  # [BP, BL]
+    if EARLY_BUF:   # rows >= n are stale: selected away (never multiplied: they may hold anything)
+        n = tl.load(cur_ptr + slot, mask=live, other=0)
+        mask_l = (offs_l < n) & live
+        dt_i = tl.where(mask_l, dt_i, 0.0)
+        XbT = tl.where(mask_l[None, :], XbT, 0.0)
+        CB = tl.where(mask_l[:, None], CB, 0.0)
+    else:
+        mask_l = in_l
 
-    offs_n = tl.arange(0, BLOCK_N)
-    in_n = offs_n < N
-    mask_n = in_n & live
-    offs_l = tl.arange(0, BLOCK_L)
-    mask_l = (offs_l < n) & live
-    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
+    # decay weights: columns are targets t
     la = dt_i * A
     suf = tl.cumsum(la, 0, reverse=True) - la                 # sum_{i<j<n} la_j
     c_buf = tl.sum(la, 0)
-    Bb = tl.load(bB_ptr + slot * s_bB_s + offs_l[:, None] * s_bB_l + g * s_bB_g + offs_n[None, :],
-                 mask=mask_l[:, None] & in_n[None, :], other=0.0).to(tl.float32)
-
-    offs_t = tl.arange(0, BLOCK_T)
-    mask_t = (offs_t < T) & live
-    dd = _softplus(tl.load(dt_ptr + b * s_dt_b + offs_t * s_dt_t + h, mask=mask_t, other=0.0).to(tl.float32) + bias)
-    dd = tl.where(mask_t, dd.to(bdt_ptr.dtype.element_ty).to(tl.float32), 0.0)
     cd = tl.cumsum(dd * A, 0)                                  # inclusive over drafts
-    Bd_raw = tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
-                     mask=mask_t[:, None] & mask_n[None, :], other=0.0)
-    Bd_buf = _cast(Bd_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
-    Bd = Bd_buf.to(tl.float32)
+    W = tl.where(mask_l[:, None], dt_i[:, None] * tl.exp(suf[:, None] + cd[None, :]), 0.0) * CB     # [BL, BT]
+    causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]
+    Wd = dd[:, None] * tl.exp(tl.where(causal, cd[None, :] - cd[:, None], -float("inf"))) * CdB     # [BT(j), BT(t)]
+    Y = Y * tl.exp(c_buf + cd)[None, :]
+    Y = _mma_acc(XbT, W, Y, X_PREC, EXACT)
+    Y = _mma_acc(XdT, Wd, Y, X_PREC, EXACT)
+    Y += Dh * XdT.to(tl.float32)
+    if HAS_Z:
+        Y = Y * _silu(tl.load(z_ptr + b * s_z_b + offs_t[None, :] * s_z_t + h * s_z_h + offs_p[:, None],
+                              mask=mask_pt, other=0.0).to(tl.float32))
+    tl.store(y_ptr + b * s_y_b + offs_t[None, :] * s_y_t + h * s_y_h + offs_p[:, None],
+             _cast(Y, y_ptr.dtype.element_ty, EXACT), mask=in_p[:, None] & (offs_t < T)[None, :])
 
-    ck_base = slot * s_ck_s + h * s_ck_h
-    sc_base = slot * s_sc_s + h * s_sc_h
-    bx_base = slot * s_bx_s + h * s_bx_h
+    # append the drafts at rows n..n+T-1
     pos = n + offs_t
-    for c in tl.static_range(ROW_CHUNKS):
-        offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
-        in_p = offs_p < P
-        mask_p = in_p & live
-        mask = mask_p[:, None] & mask_n[None, :]
-        S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE, "")
-        Xb = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
-                     mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-        Xd_raw = tl.load(x_ptr + b * s_x_b + offs_t[:, None] * s_x_t + h * s_x_h + offs_p[None, :],
-                         mask=mask_t[:, None] & mask_p[None, :], other=0.0)
-        Xd_buf = _cast(Xd_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)
-        Xd = Xd_buf.to(tl.float32)
-        # Per target t the coefficients are formed where they are used (recomputed per
-        # chunk: a few [L, N] products) rather than kept as [L, T] / [T, T] tiles, whose
-        # small, replicated layouts cost more registers than they save.
-        for t in tl.static_range(T):
-            Ct = tl.load(C_ptr + b * s_C_b + t * s_C_t + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-            cd_t = tl.sum(tl.where(offs_t == t, cd, 0.0), 0)
-            cb = tl.where(mask_l, dt_i * tl.exp(suf + cd_t), 0.0) * tl.sum(Bb * Ct[None, :], axis=1)
-            cdc = tl.where(mask_t & (offs_t <= t), dd * tl.exp(cd_t - cd), 0.0) * tl.sum(Bd * Ct[None, :], axis=1)
-            xt = tl.load(x_ptr + b * s_x_b + t * s_x_t + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-            yv = tl.exp(c_buf + cd_t) * tl.sum(S * Ct[None, :], axis=1) + tl.sum(Xb * cb[:, None], axis=0) \
-                + tl.sum(Xd * cdc[:, None], axis=0)
-            _finish_y(yv, xt, Dh, z_ptr + b * s_z_b + t * s_z_t + h * s_z_h,
-                      y_ptr + b * s_y_b + t * s_y_t + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
-        tl.store(bx_ptr + bx_base + pos[:, None] * s_bx_l + offs_p[None, :], Xd_buf,
-                 mask=mask_t[:, None] & mask_p[None, :] & (pos < L)[:, None])
-
-    wr = mask_t & (pos < L) & (pid_p == 0)
+    wr = mask_t & (pos < L)
+    tl.store(bx_ptr + bx_base + pos[None, :] * s_bx_l + offs_p[:, None], XdT, mask=wr[None, :] & mask_p[:, None])
+    wr = wr & (pid_p == 0)
     tl.store(bdt_ptr + slot * s_bdt_s + pos * s_bdt_l + h, dd, mask=wr)
-    tl.store(bB_ptr + slot * s_bB_s + pos[:, None] * s_bB_l + g * s_bB_g + offs_n[None, :],
-             Bd_buf, mask=(wr & (h % HPG == 0))[:, None] & mask_n[None, :])
+    if h % HPG == 0:   # the group's B rows (re-read: L2 hits)
+        for c0 in tl.range(0, N, BLOCK_N):
+            offs_n = c0 + tl.arange(0, BLOCK_N)
+            m2 = wr[:, None] & (offs_n < N)[None, :]
+            Bd = tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :], mask=m2, other=0.0)
+            tl.store(bB_ptr + bB_base + pos[:, None] * s_bB_l + offs_n[None, :],
+                     _cast(Bd.to(tl.float32), bB_ptr.dtype.element_ty, EXACT), mask=m2)
 
 
 # ----------------------------------------------------------------------------- cursor pass
@@ -1070,8 +1141,22 @@ def commit(rs, A, accepted, state_indices=None):
     _run(plan_commit(rs, A, accepted, state_indices))
 
 
+def _mma_precision(a: torch.dtype, b: torch.dtype) -> str:
+    """tl.dot precision for an MMA of operands stored as dtypes a and b that is exact per
+    product: "bf16" when both are bf16 (or fp8, exact in bf16, with bf16), "tf32" when both
+    fit tf32 (bf16 / fp16 mixes), else VERIFY_F32_PRECISION."""
+    small = (torch.bfloat16, torch.float8_e4m3fn)
+    if a in small and b in small:
+        return "bf16"
+    if a in small + (torch.float16,) and b in small + (torch.float16,):
+        return "tf32"
+    return VERIFY_F32_PRECISION
+
+
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
-    """([launch], y) of speculative verification; see verify."""
+    """([launch], y) of speculative verification; see verify. Grid (cdiv(P, BLOCK_P), H, b):
+    one [BLOCK_P, N] state tile per program, BLOCK_P from CONFIG_TABLE["verify"] (or
+    OVERRIDE["verify"]: block_p, warps, early_buf), every tile dim >= 16 (tl.dot)."""
     x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
     bsz, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
@@ -1081,13 +1166,15 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         return [], y
     _check_ckpts(rs.hi, rs.lo)
     rd = rs.read_ckpt
-    block_p, chunks, warps = launch_config("verify", P, _state_bytes(rd), bsz, H)
-    block_n = _np2(N)
-    block_l = _np2(min(rs.flush_period, L))   # committed entries only: n <= K - 1 before a verify
+    block_p, _, warps = launch_config("verify", P, _state_bytes(rd), bsz, H)
+    ov = OVERRIDE.get("verify", {})
+    block_p = max(16, min(ov.get("block_p", block_p), _np2(P)))
+    early_buf = ov.get("early_buf", VERIFY_EARLY_BUF)
+    block_l = max(16, _np2(min(rs.flush_period, L)))   # committed entries only: n <= K - 1 before a verify
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
-    grid = (triton.cdiv(P, block_p * chunks), H, bsz)
+    grid = (triton.cdiv(P, block_p), H, bsz)
     launch = _record(_verify_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx,
         rs.cursor, rs.x, rs.B, rs.dt, rd_d, rd_s,
@@ -1096,9 +1183,13 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
         zz.stride(0), zz.stride(1), zz.stride(2), y.stride(0), y.stride(1), y.stride(2),
         *_buffer_strides(rs), *_ckpt_strides(rs),
-        T=T, BLOCK_T=_np2(T), BLOCK_P=block_p, ROW_CHUNKS=chunks, BLOCK_N=block_n, BLOCK_L=block_l,
-        HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has, EXACT=_interpreting(),
-        num_warps=warps)
+        T=T, BLOCK_T=max(16, _np2(T)), BLOCK_P=block_p, BLOCK_N=max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N))),
+        BLOCK_L=block_l,
+        HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has,
+        S_PREC=ov.get("s_prec", _mma_precision(rd.data.dtype, C.dtype)), BC_PREC=_mma_precision(rs.B.dtype, C.dtype),
+        X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
+        EARLY_BUF=bool(early_buf), EXACT=_interpreting(),
+        num_warps=ov.get("warps", warps))
     return [launch], y
 
 

@@ -1,0 +1,700 @@
+#!/usr/bin/env python3
+"""Tune the speculative-decoding verify + commit kernels on one GPU, in one process.
+
+What is measured is the spec runner's round (replaybench.runners.spec.run: verify T tokens +
+commit m of them, the case's acceptance model; layers chosen so the state streams from HBM;
+checked against the reference, check_spec, before it is timed; CUDA-graph timing, median per
+round per layer), for:
+  spec-replay    ReplaySSM verify + commit, once per kernel variant (MAMBA2_VARIANTS /
+                 GDN_VARIANTS below; a variant = the verify launch's OVERRIDE["verify"] dict of
+                 replayssm.triton.mamba2 / .gdn, "default" = {} = the shipped tables);
+  spec-perdraft  our per-draft-state baseline (vLLM's speculative path with our kernels), once;
+  vllm-spec      vLLM 0.26.0's own speculative kernels (replaybench.runners.peers, through the
+                 kernel stub in .vllm-stub when present), once, when importable.
+In order (no new measurement starts after --deadline seconds; rows print as they finish):
+  1. the copy ceiling: torch.add(x, 0, out=y), x and y 1 GiB fp32 each (2 GiB moved);
+  2. compilation: spawned workers run every planned (case, variant)'s correctness check at
+     batch 2 (2 rounds), filling Triton's on-disk cache with the keys the timed launches use;
+     timing starts once they are done (or after --deadline / 3 s);
+  3. cases in priority order:
+       p0  T = 4, batch 256, fp32 state: Super, Qwen3.5-122B, Nano, Qwen3.5-4B
+           (the two big models first, so a short run still covers both families);
+       p1  dual bf16 (fp32 checkpoint + bf16 read copy) at Super and Qwen3.5-122B, batch 256,
+           T = 4, the variants without their state-tile precision (s_prec / S_PREC: the
+           read copy is bf16, its exact MMA is "bf16"; equal ones once): the scenario axes have no dual spec-replay, so this script swaps the spec
+           runner's ReplaySpecLayer for one built with mode "dual" while it runs (the Triton
+           kernels and the reference both read rs.read_ckpt = the bf16 copy; the check is the
+           same), and models its bytes as replay-dual (replaybench.traffic); the baselines of
+           the fp32 case at the same model, batch and T are the ratios' denominators;
+       p2  T = 4, batch 32, fp32 state: Super and Qwen3.5-122B.
+     Per case: spec-perdraft, vllm-spec, then the variants. K = 16, L = K + T and the default
+     acceptance (fixed floor(T/2)) as scenarios/h200-spec.toml.
+One row per measurement: model, batch, T, state, method, variant, the launch it resolved to,
+us per round per layer, GB/s (modelled bytes of replaybench.traffic / time), % of the copy
+ceiling measured here, x_perdraft = perdraft us / us and x_vllm = vllm-spec us / us (same
+model, batch, T, measured in this run). A summary of the best variant per case follows, and a
+CSV (--csv, default $OUT/tune_spec.csv when OUT is set) gets one line per measurement.
+
+GDN hook: the variant dict goes into replayssm.triton.gdn.OVERRIDE["verify"] as given (plus
+the aliases block_v -> BLOCK_V, warps -> num_warps). When the module has no OVERRIDE (an older
+tree), this script creates it and merges it into the verify's pick_config override through a
+wrapper, and says so. Each spec-replay row shows the launch its variant resolved to
+(launch_desc; Mamba-2: P<rows> n<cols per MMA> w<warps> <state-tile precision>[ M]
+x:<x precision> early|late; GDN: V<rows> w<warps> k<dk per MMA> <precision> early|late); a
+variant resolving to the launch of an earlier one of the same case (a key the kernel plan does
+not read, or clamping) is flagged SAME LAUNCH and still timed (a repeat: the run's noise).
+
+--cpu-smoke: the same flow on the CPU under TRITON_INTERPRET=1 (set by the script) with
+tiny-mamba2 / tiny-gdn, batch 2 (3 for p2), T = 2, K = 2, L = 4, one sample per timing, the
+dual and p2 cases with two / one variants, two compile jobs through the worker pool; the
+interpreter is made to accept tl.dot input_precision "bf16x3" (interpreter_bf16x3). It tests
+the script, not the kernels' speed. Takes about 1-2 minutes on 2 cores.
+
+usage:  python3 tools/tune_spec.py [--deadline 420] [--models super,q122b,nano,q4b] [--csv PATH]
+        TRITON_INTERPRET=1 python3 tools/tune_spec.py --cpu-smoke   (script check on a CPU, tiny models)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT / ".vllm-stub", ROOT / "kernels", ROOT):       # the working tree's code first
+    if _p.is_dir() and str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+if "--cpu-smoke" in sys.argv:          # before triton is imported anywhere
+    os.environ["TRITON_INTERPRET"] = "1"
+
+T0 = time.time()
+import torch  # noqa: E402
+
+GiB = 1 << 30
+K = 16                                  # flush period (scenarios/h200-spec.toml)
+T_SPEC = 4
+MODELS = {"super": "nemotron-3-super-120b-a12b", "nano": "nemotron-3-nano-4b", "q122b": "qwen3.5-122b-a10b",
+          "q4b": "qwen3.5-4b", "tm2": "tiny-mamba2", "tgdn": "tiny-gdn"}
+SHORT = {v: k for k, v in MODELS.items()}
+STUDY = ("super", "q122b", "nano", "q4b")     # --models (the smoke run takes tm2, tgdn)
+
+# ----------------------------------------------------------------------------- variants
+# OVERRIDE["verify"] of replayssm.triton.mamba2: block_p (rows per program, power of 2 >= 16,
+# clamped to the head), warps, early_buf (buffer tiles loaded before the cursor arrives),
+# s_prec (tl.dot precision of the fp32 state tile: "bf16x3", "tf32x3", "split3"), s_rows_m
+# (the state tile as the MMA's M operand). As of this writing plan_verify reads block_p, warps,
+# early_buf, s_prec, chunk_n, x_prec (s_rows_m no longer); keys it does not read do nothing.
+MAMBA2_VARIANTS: dict[str, dict] = {
+    "default": {},
+    "b64w4": dict(block_p=64, warps=4),
+    "b32w4": dict(block_p=32, warps=4),
+    "b64w8": dict(block_p=64, warps=8),
+    "b32w2": dict(block_p=32, warps=2),
+    "b64w4-bf16x3": dict(block_p=64, warps=4, s_prec="bf16x3"),
+    "b64w4-split3": dict(block_p=64, warps=4, s_prec="split3"),
+    "b64w4-n64": dict(block_p=64, warps=4, chunk_n=64),
+    "b64w4-late": dict(block_p=64, warps=4, early_buf=False),
+    "b64w4-fold0": dict(block_p=64, warps=4, fold=dict(chunks=0)),          # commit: whole-head fold programs
+    "b64w4-fold0w8": dict(block_p=64, warps=4, fold=dict(block_p=32, chunks=0, warps=8)),
+}
+# OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given (opaque) except two aliases
+# (GDN_ALIASES: block_v -> BLOCK_V, warps -> num_warps). The module's hook reads BLOCK_V (rows
+# per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
+# OVERRIDE["fold"] (BLOCK_V, num_warps) of the commit's fold.
+GDN_VARIANTS: dict[str, dict] = {
+    "default": {},
+    "bv64w4": dict(BLOCK_V=64, num_warps=4),
+    "bv32w4": dict(BLOCK_V=32, num_warps=4),
+    "bv64w8": dict(BLOCK_V=64, num_warps=8),
+    "bv128w8": dict(BLOCK_V=128, num_warps=8),
+    "bv32w2": dict(BLOCK_V=32, num_warps=2),
+    "bv64w4-bf16x3": dict(BLOCK_V=64, num_warps=4, S_PREC="bf16x3"),
+    "bv64w4-k64": dict(BLOCK_V=64, num_warps=4, CHUNK_K=64),
+    "bv64w4-tf32": dict(BLOCK_V=64, num_warps=4, SMALL_PREC="tf32"),
+    "bv64w4-late": dict(BLOCK_V=64, num_warps=4, EARLY_BUF=False),
+    "bv64w4-fold64": dict(BLOCK_V=64, num_warps=4, fold=dict(BLOCK_V=64, num_warps=4)),
+    "bv64w4-fold128": dict(BLOCK_V=64, num_warps=4, fold=dict(BLOCK_V=128, num_warps=8)),
+}
+GDN_ALIASES = {"block_v": "BLOCK_V", "warps": "num_warps"}
+# the smoke run's dual and small-batch groups take only these (the p0 groups take all)
+SMOKE_FEW = {"mamba2": ["default", "b64w4-late"], "gdn": ["default", "bv32w8"]}
+PREC_KEYS = ("s_prec", "S_PREC")     # the fp32 state tile's dot precision: not for a bf16 read copy
+PREC_NAMES = ("bf16x3", "tf32x3", "split3", "ieee")
+
+
+def variants_of(op: str, lo: str = "none", names=None) -> dict[str, dict]:
+    """{name: OVERRIDE["verify"] dict} of a case. Dual cases (a bf16 read copy, whose exact
+    MMA precision is "bf16") drop the state-tile precision key and its token from the name;
+    variants that become equal are measured once."""
+    src = MAMBA2_VARIANTS if op == "mamba2" else GDN_VARIANTS
+    out: dict[str, dict] = {}
+    for name, ov in src.items():
+        if names is not None and name not in names:
+            continue
+        if lo != "none":
+            ov = {k: v for k, v in ov.items() if k not in PREC_KEYS}
+            name = "-".join(t for t in name.split("-") if t not in PREC_NAMES)
+            if ov in out.values():
+                continue
+        out.setdefault(name, ov)
+    return out
+
+
+# ----------------------------------------------------------------------------- output
+NOTES: list[str] = []
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def note(msg: str) -> None:
+    NOTES.append(msg)
+    log("NOTE " + msg)
+
+
+# ----------------------------------------------------------------------------- variant hooks
+_GDN_SHIM = False
+
+
+def _gdn_module():
+    from replayssm.triton import gdn as gk
+    global _GDN_SHIM
+    if not hasattr(gk, "OVERRIDE"):
+        # No tuning hook in the module (yet): create it and read it through a wrapper of
+        # pick_config, which plan_verify looks up as a module global.
+        gk.OVERRIDE = {}
+        orig = gk.pick_config
+
+        def pick_config(op, batch, dv, dk, L=1, override=None, state_bytes=4):
+            if op == "verify":
+                ov = gk.OVERRIDE.get("verify") or {}
+                if ov:
+                    override = {**ov, **(override or {})}
+            return orig(op, batch, dv, dk, L, override, state_bytes)
+
+        gk.pick_config = pick_config
+        _GDN_SHIM = True
+    return gk
+
+
+def verify_override_dict(op: str) -> dict:
+    """The module's OVERRIDE["verify"] dict (created if missing)."""
+    if op == "mamba2":
+        from replayssm.triton import mamba2 as tk
+        return tk.OVERRIDE.setdefault("verify", {})
+    return _gdn_module().OVERRIDE.setdefault("verify", {})
+
+
+def apply_variant(op: str, ov: dict) -> None:
+    """Clear the module's OVERRIDE["verify"] and fill it with the variant's dict."""
+    d = verify_override_dict(op)
+    d.clear()
+    ov = dict(ov)
+    fold = ov.pop("fold", {})
+    if op == "mamba2":
+        from replayssm.triton import mamba2 as mod
+    else:
+        mod = _gdn_module()
+    mod.OVERRIDE["fold"] = dict(fold)
+    d.update(ov)
+    if op == "gdn":
+        for a, k in GDN_ALIASES.items():
+            if a in ov and k not in ov:
+                d[k] = ov[a]
+
+
+def clear_variants() -> None:
+    for op in ("mamba2", "gdn"):
+        try:
+            apply_variant(op, {})
+        except Exception:  # noqa: BLE001 - a module that does not import: nothing to clear
+            pass
+
+
+# ----------------------------------------------------------------------------- dual spec layers
+@contextlib.contextmanager
+def spec_layers(lo: str):
+    """While active, the spec runner's ReplaySpecLayer builds dual-precision states (fp32
+    checkpoint + `lo` read copy; lo 'none': unchanged). _Spec looks the class up as a module
+    global, so check_spec (ours and the reference) and run() both get it."""
+    from replaybench.runners import spec as sp
+    if lo == "none":
+        yield
+        return
+    from replaybench.runners.kernel import Layer
+    base = sp.ReplaySpecLayer
+
+    class DualSpecLayer(base):
+        def __init__(self, op, dims, backend, batch, buffer_len, flush_period, state_dtype, device, gen):
+            self.op, self.backend = op, backend
+            self.rs = Layer(op, dims, "replay-dual", backend, batch, buffer_len, flush_period, "float32", lo,
+                            device, gen).rs
+
+    sp.ReplaySpecLayer = DualSpecLayer
+    try:
+        yield
+    finally:
+        sp.ReplaySpecLayer = base
+
+
+# ----------------------------------------------------------------------------- cases
+def mk_case(model: str, method: str, batch: int, T: int, K_: int, lo: str = "none", device: str = ""):
+    """A replaybench.scenario.Case as the sweep builds it for scenarios/h200-spec.toml
+    (L = K + T for spec-replay; no buffer axes for the others; default acceptance)."""
+    from replaybench.accept import DEFAULT, resolve_accept
+    from replaybench.models import get_model
+    from replaybench.scenario import Case, make_case_id
+    L, KK = (K_ + T, K_) if method == "spec-replay" else (0, 0)
+    backend = "vllm" if method == "vllm-spec" else "triton"
+    acc = resolve_accept(DEFAULT, T)
+    return Case(case_id=make_case_id(model, method, backend, batch, L, KK, T, "float32", lo, 0, acc), runner="kernel",
+                model=model, op=get_model(model).op, method=method, backend=backend, batch=batch, buffer_len=L,
+                flush_period=KK, spec_window=T, state_dtype="float32", lo_dtype=lo, device=device, accept=acc)
+
+
+def plan(args) -> list[dict]:
+    """Groups (one case: model, batch, T, lo) in priority order, each with its methods/variants."""
+    def g(prio, key, batch, lo, baselines, variants=None):
+        model = MODELS[key]
+        from replaybench.models import get_model
+        op = get_model(model).op
+        return dict(prio=prio, model=model, op=op, batch=batch, T=args.T, K=args.K, lo=lo, baselines=baselines,
+                    variants=variants_of(op, lo, variants))
+
+    if args.cpu_smoke:
+        few = lambda key: SMOKE_FEW["mamba2" if key == "tm2" else "gdn"]  # noqa: E731
+        return ([g(0, k, 2, "none", True) for k in ("tm2", "tgdn")]
+                + [g(1, k, 2, "bfloat16", False, few(k)) for k in ("tm2", "tgdn")]
+                + [g(2, k, 3, "none", True, few(k)[:1]) for k in ("tm2", "tgdn")])
+    names = [n for n in args.models.split(",") if n]
+    for n in names:
+        if n not in STUDY:
+            raise SystemExit(f"--models: unknown {n!r}; allowed: {', '.join(STUDY)}")
+    out = [g(0, k, 256, "none", True) for k in ("super", "q122b", "nano", "q4b") if k in names]
+    out += [g(1, k, 256, "bfloat16", False) for k in ("super", "q122b") if k in names]
+    out += [g(2, k, 32, "none", True) for k in ("super", "q122b") if k in names]
+    return out
+
+
+def jobs_of(groups) -> list[tuple]:
+    """(case, op, variant name, variant dict) of every planned measurement, in order."""
+    jobs = []
+    for grp in groups:
+        if grp["baselines"]:
+            jobs.append((mk_case(grp["model"], "spec-perdraft", grp["batch"], grp["T"], grp["K"]), grp["op"], "-", {}))
+            jobs.append((mk_case(grp["model"], "vllm-spec", grp["batch"], grp["T"], grp["K"]), grp["op"], "-", {}))
+        for v, ov in grp["variants"].items():
+            jobs.append((mk_case(grp["model"], "spec-replay", grp["batch"], grp["T"], grp["K"], grp["lo"]), grp["op"], v,
+                         ov))
+    return jobs
+
+
+# ----------------------------------------------------------------------------- helpers
+def copy_ceiling(dev: str) -> float:
+    """GB/s of torch.add(x, 0, out=y) (bytes read + written), x and y 1 GiB fp32 each."""
+    n = (GiB if dev == "cuda" else 64 << 20) // 4
+    x = torch.ones(n, dtype=torch.float32, device=dev)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        torch.add(x, 0, out=y)
+    ts = []
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        for _ in range(7):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(10):
+                torch.add(x, 0, out=y)
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3 / 10)
+    else:
+        for _ in range(3):
+            t = time.perf_counter()
+            torch.add(x, 0, out=y)
+            ts.append(time.perf_counter() - t)
+    ts.sort()
+    del x, y
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * n * 4 / ts[len(ts) // 2] / 1e9
+
+
+def dual_bytes(case, model) -> float:
+    """Modelled bytes of one spec-replay round with a dual checkpoint (fp32 + case.lo_dtype):
+    replay-dual's layer bytes (read copy, both written at a flush, GDN's extra v/beta rows)
+    through spec_traffic with the case's acceptance model."""
+    from replaybench.accept import accept_pmf
+    from replaybench.traffic import layer_bytes_for, spec_traffic
+    lb = layer_bytes_for(model.op, model.ssm, "replay-dual", "float32", case.lo_dtype)
+    return spec_traffic(lb, case.batch, case.flush_period, case.spec_window, accept_pmf(case.accept, case.spec_window),
+                        perdraft=False).total_bytes
+
+
+def launch_desc(case, model) -> str:
+    """The verify launch the current OVERRIDE resolves to at the case's dims (planned on the
+    'meta' device, nothing runs): Mamba-2 'P<rows> n<state cols per MMA> w<warps> <s_prec>[ M]
+    x:<x_prec> early|late', GDN 'V<rows> w<warps> k<dk per MMA> <s_prec> early|late' (+ other
+    *PREC constexprs)."""
+    from replaybench.runners.spec import spec_inputs
+    from replayssm.state import GDNReplayState, Mamba2ReplayState
+    d, T, L = model.ssm, case.spec_window, case.buffer_len
+    mode, lo = ("dual", case.lo_dtype) if case.lo_dtype != "none" else ("replay", None)
+    b = case.batch                      # launch tables depend on the batch
+    gen = torch.Generator().manual_seed(0)
+    inp, params = spec_inputs(model.op, d, 1, T, "cpu", gen)
+    meta = lambda t, first: (torch.empty((first,) + tuple(t.shape[1:]), dtype=t.dtype, device="meta")  # noqa: E731
+                             if isinstance(t, torch.Tensor) else t)
+    inp = {k: meta(v, b) for k, v in inp.items()}
+    params = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
+    idx = torch.zeros(b, dtype=torch.int32, device="meta")
+    if model.op == "mamba2":
+        from replayssm.triton import mamba2 as tk
+        rs = Mamba2ReplayState.allocate(b, d.nheads, d.head_dim, d.d_state, d.n_groups, L, case.flush_period, mode,
+                                        "float32", lo, torch.bfloat16, "meta")
+        la = tk.plan_verify(rs, **inp, **params, state_indices=idx)[0][0]
+        m = la.meta
+        return (f"P{m['BLOCK_P']} n{m['BLOCK_N']} w{m['num_warps']} {m['S_PREC']}{' M' if m.get('S_ROWS_M') else ''}"
+                f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}")
+    gk = _gdn_module()
+    rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
+                                 mode, "float32", lo, torch.bfloat16, "meta")
+    o = torch.empty(inp["v"].shape, dtype=inp["v"].dtype, device="meta")
+    _, _, _, m = gk.plan_verify(rs, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], idx,
+                                d.head_k_dim ** -0.5, o)
+    out = f"V{m['BLOCK_V']} w{m['num_warps']} k{m['BLOCK_K']}"
+    if "S_PREC" in m:
+        out += f" {m['S_PREC']}"
+    if "EARLY_BUF" in m:
+        out += " early" if m["EARLY_BUF"] else " late"
+    extra = [f"{k.split('_')[0].lower()[:2]}:{v}" for k, v in m.items()
+             if "PREC" in k and k not in ("S_PREC", "K_PREC")]
+    return " ".join([out] + extra)
+
+
+def interpreter_bf16x3() -> bool:
+    """Let Triton's interpreter accept tl.dot(input_precision="bf16x3" / "bf16x6"), as the
+    NVIDIA backend does. The interpreter evaluates every dot as an fp32 numpy matmul whatever
+    the precision (it does so for "tf32x3" too), so this changes no result; without it a
+    kernel that passes "bf16x3" to tl.dot fails under the interpreter before it runs.
+    Smoke run only. True if the interpreter needed it."""
+    try:
+        from triton.runtime import interpreter as ti
+        ib = ti.interpreter_builder
+        allowed = tuple(ib.options.allowed_dot_input_precisions)
+        extra = tuple(p for p in ("bf16x3", "bf16x6") if p not in allowed)
+        if extra:
+            ib.options = dataclasses.replace(ib.options, allowed_dot_input_precisions=allowed + extra)
+        return bool(extra)
+    except Exception:  # noqa: BLE001 - another Triton: leave it
+        return False
+
+
+def short_err(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    s = f"{type(e).__name__}: {s[0] if s else ''}"
+    return s if len(s) <= 300 else s[:297] + "..."
+
+
+# ----------------------------------------------------------------------------- background compile
+def _warm_job(job) -> str:
+    """Worker: the job's correctness check at batch 2, 2 rounds (compiles and runs every kernel
+    of the round once; fills Triton's on-disk cache). '' or what failed."""
+    case, op, vname, ov = job
+    try:
+        from replaybench.models import get_model
+        from replaybench.runners import peers
+        from replaybench.runners.spec import check_spec
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        model = get_model(case.model)
+        if case.method == "vllm-spec":
+            if dev != "cuda" or not peers.vllm_available():
+                return ""
+            peers.check_vllm_spec_layer(op, model.ssm, 2, case.spec_window, case.state_dtype, dev, steps=1)
+            return ""
+        if dev == "cpu":
+            interpreter_bf16x3()
+        apply_variant(op, ov)
+        c = dataclasses.replace(case, batch=2, device=dev)
+        with spec_layers(case.lo_dtype):
+            check_spec(c, model, dev, rounds=2)
+        return ""
+    except Exception as e:  # noqa: BLE001 - the main process runs it again and reports
+        return f"{SHORT.get(case.model, case.model)} {case.method} {case.lo_dtype} {vname}: {short_err(e)}"
+
+
+def precompile(jobs, workers: int, timeout: float) -> None:
+    import multiprocessing as mp
+    todo, seen = [], set()
+    for j in jobs:
+        c = j[0]
+        key = (c.model, c.method, c.lo_dtype, c.spec_window, j[2])     # batch is not part of a kernel's key
+        if key not in seen:
+            seen.add(key)
+            todo.append(j)
+    pool = None
+    try:
+        pool = mp.get_context("spawn").Pool(workers)
+        res = pool.map_async(_warm_job, todo, chunksize=1)
+        log(f"compiling: {len(todo)} jobs on {workers} worker processes (waiting <= {timeout:.0f} s)")
+        errs = [e for e in res.get(timeout=timeout) if e]
+        log(f"compile done ({len(errs)} failed)" + "".join(f"\n    {e}" for e in errs[:8]))
+        pool.close()
+        pool.join()
+    except Exception as e:  # noqa: BLE001 - the main process compiles what is missing
+        log(f"background compile: {short_err(e)} (the main process compiles the rest)")
+        if pool is not None:
+            pool.terminate()
+
+
+# ----------------------------------------------------------------------------- measure
+ROWS: list[dict] = []
+BASE: dict = {}         # (model, batch, T, method) -> us
+LAUNCHES: dict = {}     # case_id -> {launch description: first variant that resolved to it}
+COLUMNS = ["model", "model_full", "op", "batch", "T", "state", "method", "variant", "launch", "us", "iqr_us",
+           "samples", "layers", "gbps", "pct_copy", "x_perdraft", "x_vllm", "bytes_model", "bytes_counted",
+           "counted_vs_model", "check_rel_err", "verified_tok_s", "committed_tok_s", "copy_gbps", "elapsed_s",
+           "error"]
+HEADER = (f"{'model':6} {'batch':>5} {'T':>2} {'state':9} {'method':13} {'variant':15} {'launch':34} "
+          f"{'us':>9} {'GB/s':>7} {'%copy':>6} {'xPD':>6} {'xvLLM':>6} {'iqr%':>5} {'lay':>4} {'n':>4}")
+
+
+def state_label(lo: str) -> str:
+    return "fp32" if lo == "none" else f"dual-{'bf16' if lo == 'bfloat16' else lo}"
+
+
+def _n(v, width: int, prec: int | None = None) -> str:
+    """v right-aligned in width ('-' for None / NaN); prec None: an integer."""
+    if v is None or (isinstance(v, float) and v != v):
+        return f"{'-':>{width}}"
+    return f"{v:{width}.{prec}f}" if prec is not None else f"{int(v):{width}d}"
+
+
+def fmt(r) -> str:
+    iqr = 100 * r["iqr_us"] / r["us"] if r.get("iqr_us") is not None and r["us"] else None
+    return (f"{r['model']:6} {r['batch']:5d} {r['T']:2d} {r['state']:9} {r['method']:13} {r['variant']:15} "
+            f"{r['launch'][:34]:34} {_n(r['us'], 9, 2)} {_n(r['gbps'], 7, 0)} {_n(r['pct_copy'], 6, 1)} "
+            f"{_n(r['x_perdraft'], 6, 3)} {_n(r['x_vllm'], 6, 3)} {_n(iqr, 5, 1)} {_n(r['layers'], 4)} "
+            f"{_n(r['samples'], 4)}")
+
+
+class Output:
+    def __init__(self, path: str | None):
+        self.path, self.f, self.w = path, None, None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.f = open(path, "w", newline="", encoding="utf-8")
+            self.w = csv.DictWriter(self.f, fieldnames=COLUMNS, extrasaction="ignore")
+            self.w.writeheader()
+            self.f.flush()
+
+    def row(self, r: dict) -> None:
+        ROWS.append(r)
+        if not r.get("error"):
+            print(fmt(r), flush=True)
+        if self.w is not None:
+            self.w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in COLUMNS})
+            self.f.flush()
+
+
+def measure_one(case, op, vname, ov, ctx, args, out: Output) -> bool:
+    """One measurement (check + timing through the runners); False if the GPU is unusable after it."""
+    from replaybench.models import get_model
+    from replaybench.runners import SkipCase, peers
+    from replaybench.runners import spec as sp
+    model = get_model(case.model)
+    short = SHORT.get(case.model, case.model)
+    key = (case.model, case.batch, case.spec_window)
+    base = dict(model=short, model_full=case.model, op=op, batch=case.batch, T=case.spec_window,
+                state=state_label(case.lo_dtype), method=case.method, variant=vname, launch="", us=float("nan"),
+                iqr_us=None, samples=None, layers=None, gbps=float("nan"), pct_copy=float("nan"),
+                x_perdraft=float("nan"), x_vllm=float("nan"), copy_gbps=args.copy, error="")
+    t0 = time.time()
+    try:
+        if case.method == "spec-replay":
+            seen = LAUNCHES.setdefault(case.case_id, {})
+            if not seen:
+                apply_variant(op, {})
+                try:
+                    seen[launch_desc(case, model)] = "default"
+                except Exception:  # noqa: BLE001 - informational only
+                    pass
+            apply_variant(op, ov)
+            try:
+                base["launch"] = launch_desc(case, model)
+            except Exception as e:  # noqa: BLE001 - informational only
+                base["launch"] = f"? {short_err(e)}"
+            first = seen.setdefault(base["launch"], vname)
+            if first != vname and not base["launch"].startswith("?"):
+                note(f"SAME LAUNCH: {short} b{case.batch} {base['state']}: variant {vname} resolves to the launch of "
+                     f"{first} ({base['launch']}){'; tiny dims clamp the blocks' if model.tiny else ''}")
+            with spec_layers(case.lo_dtype):
+                m = sp.run(case, ctx)
+        elif case.method == "spec-perdraft":
+            clear_variants()
+            m = sp.run(case, ctx)
+        else:
+            clear_variants()
+            m = peers.run(case, ctx)
+    except SkipCase as e:
+        log(f"skip {short} b{case.batch} T{case.spec_window} {case.method}: {e}")
+        return True
+    except AssertionError as e:
+        log(f"CHECK FAILED {short} b{case.batch} T{case.spec_window} {base['state']} {case.method} {vname}: "
+            f"{short_err(e)}")
+        out.row(dict(base, error="check: " + short_err(e), elapsed_s=time.time() - t0))
+        return True
+    except Exception as e:  # noqa: BLE001 - a failing variant is reported, the run goes on
+        msg = short_err(e)
+        log(f"ERROR {short} b{case.batch} T{case.spec_window} {base['state']} {case.method} {vname}: {msg}")
+        if args.verbose:
+            traceback.print_exc()
+        out.row(dict(base, error=msg, elapsed_s=time.time() - t0))
+        dead = "illegal" in msg.lower() or ("CUDA error" in msg and "out of memory" not in msg)
+        return not dead
+    finally:
+        clear_variants()
+        if args.dev == "cuda":
+            torch.cuda.empty_cache()
+    us = m["median_us"]
+    nbytes = dual_bytes(case, model) if case.method == "spec-replay" and case.lo_dtype != "none" else m["bytes_model"]
+    gbps = nbytes / us * 1e-3
+    if case.method in ("spec-perdraft", "vllm-spec"):
+        BASE[key + (case.method,)] = us
+    pd, vl = BASE.get(key + ("spec-perdraft",)), BASE.get(key + ("vllm-spec",))
+    cnt = m.get("bytes_counted")
+    out.row(dict(base, us=us, iqr_us=m.get("iqr_us"), samples=m.get("samples"), layers=m.get("layers"), gbps=gbps,
+                 pct_copy=100 * gbps / args.copy, x_perdraft=pd / us if pd else float("nan"),
+                 x_vllm=vl / us if vl else float("nan"), bytes_model=nbytes, bytes_counted=cnt,
+                 counted_vs_model=(cnt / nbytes if cnt else None), check_rel_err=m.get("check_rel_err"),
+                 verified_tok_s=m.get("verified_tokens_per_s"), committed_tok_s=m.get("committed_tokens_per_s"),
+                 elapsed_s=time.time() - t0))
+    return True
+
+
+# ----------------------------------------------------------------------------- summary
+def summary() -> None:
+    ok = [r for r in ROWS if not r.get("error") and r["us"] == r["us"]]
+    print("\n=== best spec-replay variant per case (xPD: spec-perdraft us / us; xvLLM: vllm-spec us / us; "
+          "same model, batch, T, this run; 'vs default': default us / best us)", flush=True)
+    cases: dict = {}
+    for r in ok:
+        if r["method"] == "spec-replay":
+            cases.setdefault((r["model"], r["batch"], r["T"], r["state"]), []).append(r)
+    print(HEADER + f" {'vs default':>10} {'default us':>10}", flush=True)
+    for k, rs in cases.items():
+        best = min(rs, key=lambda r: r["us"])
+        dflt = next((r["us"] for r in rs if r["variant"] == "default"), float("nan"))
+        pd = BASE.get((best["model_full"], best["batch"], best["T"], "spec-perdraft"))
+        vl = BASE.get((best["model_full"], best["batch"], best["T"], "vllm-spec"))
+        b = dict(best, x_perdraft=pd / best["us"] if pd else float("nan"),
+                 x_vllm=vl / best["us"] if vl else float("nan"))
+        print(fmt(b) + f" {dflt / best['us']:10.3f} {dflt:10.2f}", flush=True)
+    print("\n=== baselines (us per round per layer)", flush=True)
+    for (model, batch, T, method), us in BASE.items():
+        print(f"{SHORT.get(model, model):6} {batch:5d} {T:2d} {method:13} {us:9.2f}", flush=True)
+    for r in ROWS:
+        if r.get("error"):
+            print(f"FAILED: {r['model']} b{r['batch']} T{r['T']} {r['state']} {r['method']} {r['variant']}: "
+                  f"{r['error']}", flush=True)
+    for n in NOTES:
+        print(f"NOTE: {n}", flush=True)
+
+
+# ----------------------------------------------------------------------------- main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--deadline", type=float, default=420.0, help="seconds after start: no new measurement")
+    ap.add_argument("--models", default=",".join(STUDY), help="of: " + ", ".join(STUDY))
+    ap.add_argument("--T", type=int, default=T_SPEC, help="draft window (default 4)")
+    ap.add_argument("--K", type=int, default=K, help="flush period (default 16; buffer_len = K + T)")
+    ap.add_argument("--max-time", type=float, default=0.5, help="timing: max seconds of samples per measurement")
+    ap.add_argument("--workers", type=int, default=12, help="background compile processes (0: none)")
+    ap.add_argument("--no-vllm", action="store_true", help="skip vllm-spec")
+    ap.add_argument("--csv", default=None, help="CSV path (default $OUT/tune_spec.csv when OUT is set)")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny models on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--verbose", action="store_true", help="tracebacks of failures")
+    args = ap.parse_args()
+
+    from replaybench.runners import RunContext
+    from replaybench.scenario import TimingConfig
+    if args.cpu_smoke:
+        args.dev = "cpu"
+        args.T, args.K = 2, 2                    # buffer_len 4: a flush every round or two
+        timing = TimingConfig(warmup=0, min_samples=1, max_samples=1, max_time_s=0.01, rel_iqr=1.0)
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: use --cpu-smoke (with TRITON_INTERPRET=1) on a CPU")
+        args.dev = "cuda"
+        timing = TimingConfig(warmup=2, min_samples=10, max_samples=60, max_time_s=args.max_time, rel_iqr=0.005)
+    csv_path = args.csv or (os.path.join(os.environ["OUT"], "tune_spec.csv") if os.environ.get("OUT") else None)
+
+    import triton
+    sha = (ROOT / ".git-sha").read_text().strip() if (ROOT / ".git-sha").is_file() else "?"
+    name = torch.cuda.get_device_name() if args.dev == "cuda" else "cpu (Triton interpreter)"
+    log(f"{name}; torch {torch.__version__}, triton {triton.__version__}; git {sha}; "
+        f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}")
+    if args.cpu_smoke and interpreter_bf16x3():
+        note("smoke run: Triton's interpreter made to accept tl.dot input_precision bf16x3/bf16x6 (it computes "
+             "every dot in fp32 anyway); without this the s_prec=bf16x3 variants fail under the interpreter")
+    _gdn_module()
+    if _GDN_SHIM:
+        note("replayssm.triton.gdn has no OVERRIDE: created it; OVERRIDE['verify'] is merged into the "
+             "verify's pick_config override by a wrapper in this script (keys the kernel plan does not read "
+             "have no effect)")
+    from replaybench.runners import peers
+    vllm_ok = (not args.no_vllm) and args.dev == "cuda" and peers.vllm_available()
+    if args.dev == "cuda" and not vllm_ok and not args.no_vllm:
+        note("vLLM's kernels are not importable here (.vllm-stub missing?): no vllm-spec rows")
+
+    groups = plan(args)
+    jobs = [j for j in jobs_of(groups) if vllm_ok or j[0].method != "vllm-spec" or args.cpu_smoke]
+    log(f"plan: {len(groups)} cases, {len(jobs)} measurements; K {args.K}, T {args.T}, L {args.K + args.T}, "
+        f"accept {jobs[0][0].accept if jobs else '-'}; timing {timing}; deadline {args.deadline:.0f} s; "
+        f"csv {csv_path or '(none: set OUT or --csv)'}")
+
+    args.copy = copy_ceiling(args.dev)
+    log(f"copy ceiling {args.copy:.0f} GB/s (torch.add(x, 0, out=y), 2 x {'1 GiB' if args.dev == 'cuda' else '64 MiB'}"
+        f" fp32)")
+    ctx = RunContext(device=args.dev, timing=timing, ceilings={"copy_gbps": args.copy}, device_name=name)
+
+    if args.workers > 0:
+        if args.dev == "cuda":
+            precompile(jobs, args.workers, timeout=max(10.0, args.deadline / 3))
+        else:   # the smoke run checks the worker path on two jobs
+            precompile([j for j in jobs if j[0].method == "spec-replay"][:2], min(args.workers, 2), timeout=120.0)
+
+    out = Output(csv_path)
+    print(HEADER, flush=True)
+    try:
+        alive = True
+        for case, op, vname, ov in jobs:
+            if not alive:
+                break
+            if time.time() - T0 > args.deadline:
+                log(f"deadline: {SHORT.get(case.model)} b{case.batch} {state_label(case.lo_dtype)} {case.method} "
+                    f"{vname} not measured")
+                continue
+            case = dataclasses.replace(case, device=args.dev)
+            alive = measure_one(case, op, vname, ov, ctx, args, out)
+        if not alive:
+            log("the GPU is unusable after the last error: stopping")
+    finally:
+        summary()
+        log(f"done ({len(ROWS)} rows" + (f", {csv_path}" if csv_path else "") + ")")
+        if out.f is not None:
+            out.f.close()
+    return 0
+
+
+if __name__ == "__main__":
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)        # do not wait for compile workers still running
