@@ -91,16 +91,11 @@ STUDY = ("super", "q122b", "nano", "q4b")     # --models (the smoke run takes tm
 # early_buf, s_prec, chunk_n, x_prec (s_rows_m no longer); keys it does not read do nothing.
 MAMBA2_VARIANTS: dict[str, dict] = {
     "default": {},
-    "b64w4": dict(block_p=64, warps=4),
-    "b32w4": dict(block_p=32, warps=4),
-    "b64w8": dict(block_p=64, warps=8),
-    "b32w2": dict(block_p=32, warps=2),
-    "b64w4-bf16x3": dict(block_p=64, warps=4, s_prec="bf16x3"),
-    "b64w4-split3": dict(block_p=64, warps=4, s_prec="split3"),
-    "b64w4-n64": dict(block_p=64, warps=4, chunk_n=64),
-    "b64w4-late": dict(block_p=64, warps=4, early_buf=False),
-    "b64w4-fold0": dict(block_p=64, warps=4, fold=dict(chunks=0)),          # commit: whole-head fold programs
-    "b64w4-fold0w8": dict(block_p=64, warps=4, fold=dict(block_p=32, chunks=0, warps=8)),
+    "b32w2-tf32x3": dict(block_p=32, warps=2, s_prec="tf32x3"),
+    "b64w2": dict(block_p=64, warps=2),
+    "b16w1": dict(block_p=16, warps=1),
+    "b32w2-late": dict(block_p=32, warps=2, early_buf=False),
+    "b32w2-fold1": dict(block_p=32, warps=2, fold=dict(chunks=1)),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given (opaque) except two aliases
 # (GDN_ALIASES: block_v -> BLOCK_V, warps -> num_warps). The module's hook reads BLOCK_V (rows
@@ -108,21 +103,18 @@ MAMBA2_VARIANTS: dict[str, dict] = {
 # OVERRIDE["fold"] (BLOCK_V, num_warps) of the commit's fold.
 GDN_VARIANTS: dict[str, dict] = {
     "default": {},
-    "bv64w4": dict(BLOCK_V=64, num_warps=4),
-    "bv32w4": dict(BLOCK_V=32, num_warps=4),
-    "bv64w8": dict(BLOCK_V=64, num_warps=8),
-    "bv128w8": dict(BLOCK_V=128, num_warps=8),
-    "bv32w2": dict(BLOCK_V=32, num_warps=2),
-    "bv64w4-bf16x3": dict(BLOCK_V=64, num_warps=4, S_PREC="bf16x3"),
-    "bv64w4-k64": dict(BLOCK_V=64, num_warps=4, CHUNK_K=64),
-    "bv64w4-tf32": dict(BLOCK_V=64, num_warps=4, SMALL_PREC="tf32"),
-    "bv64w4-late": dict(BLOCK_V=64, num_warps=4, EARLY_BUF=False),
-    "bv64w4-fold64": dict(BLOCK_V=64, num_warps=4, fold=dict(BLOCK_V=64, num_warps=4)),
-    "bv64w4-fold128": dict(BLOCK_V=64, num_warps=4, fold=dict(BLOCK_V=128, num_warps=8)),
+    "bv32w2-tf32": dict(BLOCK_V=32, num_warps=2, SMALL_PREC="tf32"),
+    "bv32w2-bf16x3": dict(BLOCK_V=32, num_warps=2, SMALL_PREC="bf16x3"),
+    "bv16w1": dict(BLOCK_V=16, num_warps=1),
+    "bv64w2": dict(BLOCK_V=64, num_warps=2),
+    "hl-bv64w4": dict(BLOCK_V=64, num_warps=4, HEAD_LOOP=True),
+    "hl-bv32w2": dict(BLOCK_V=32, num_warps=2, HEAD_LOOP=True),
+    "hl-bv128w8": dict(BLOCK_V=128, num_warps=8, HEAD_LOOP=True),
+    "bv32w2-late": dict(BLOCK_V=32, num_warps=2, EARLY_BUF=False),
 }
 GDN_ALIASES = {"block_v": "BLOCK_V", "warps": "num_warps"}
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
-SMOKE_FEW = {"mamba2": ["default", "b64w4-late"], "gdn": ["default", "bv32w8"]}
+SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "hl-bv32w2"]}
 PREC_KEYS = ("s_prec", "S_PREC")     # the fp32 state tile's dot precision: not for a bf16 read copy
 PREC_NAMES = ("bf16x3", "tf32x3", "split3", "ieee")
 

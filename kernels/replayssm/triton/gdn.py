@@ -70,7 +70,7 @@ CONFIGS: dict[str, list[tuple]] = {
                  (None, 128, 4, _BIG_READ)],
     "flush_step": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2})],
     "fold":     [(None, 32, 4)],
-    "verify":   [(4, 8, 4), (64, 16, 4), (None, 32, 4)],
+    "verify":   [(4, 16, 1), (None, 64, 2)],     # 32 rows per warp; Qwen-122B b256 T4: 64x2 1098 us, 32x2 1407, 32x4 2854
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of the state tile times the drafts' raw keys/queries when the
@@ -812,61 +812,14 @@ def _mma_acc(a, b, acc, PREC: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _gdn_verify_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sgh, sbb, sbt, sbh, sob, sot, soh,
-    scale,
-    T: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
-    RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
-    EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-):
-    """All T draft outputs for one [BLOCK_V, dk] tile from the read checkpoint and the buffer,
-    in matrix form (drafts j as columns; every tile dim >= 16 for tl.dot).
-
-    n = cursor (plain read, not moved); c_i = g_0 + .. + g_i over the buffer, C = c_{n-1};
-    D_j = gd_0 + .. + gd_j over the drafts; k, q l2-normalised (q also scaled) by per-row
-    factors applied after the raw dots, so the Gram and state MMAs multiply stored values.
-        SK = S_c Kd^T, SQ = S_c Qd^T                               [BV, T]  (MMA over dk: S_PREC)
-        AK = U^T (w * Kb Kd^T), AQ = U^T (w * Kb Qd^T), w_i = e^{C - c_i}   [BV, T]
-        S_{n-1} k_j = e^C SK + AK,  S_{n-1} q_j = e^C SQ + AQ
-    Drafts: u_j = beta_j (v_j - e^{D_j} (S_{n-1} k_j) - sum_{m<j} e^{D_j - D_m} (k_m.k_j) u_m ... )
-    i.e. Ud (I + M) = R with M[m, j] = [m < j] beta_j e^{D_j - D_m} (k_m.k_j) strictly upper
-    triangular and R[:, j] = beta_j (v_j - e^{D_j} S_{n-1} k_j); (I + M)^-1 =
-    (I - M)(I + M^2)(I + M^4)(I + M^8) exactly (M^16 = 0), four 16x16 products per program.
-        O = e^{D_j} (S_{n-1} q_j) + Ud Mq,  Mq[m, j] = [m <= j] e^{D_j - D_m} (k_m.q_j)
-    The checkpoint tile is read once for all drafts; no per-draft state. Load order: the
-    state tile first (its address needs only the slot); EARLY_BUF loads the buffer rows
-    < BLOCK_L before the cursor arrives and zeroes rows >= n after. Drafts are written to
-    the buffer at n..n+T-1 (u; k, g once; dual: v, beta).
-    """
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    GROUP: tl.constexpr = HV // HK
-    kh = h // GROUP
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    rmask = rows < DV
-    tt = tl.arange(0, BLOCK_T)
-    tmask = tt < T
-    ll = tl.arange(0, BLOCK_L)
-    slot = tl.load(idx_ptr + b)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    lrows = rmask & live
-    ltm = tmask & live
-    row_off = (slot64 * HV + h) * DV + rows
-    ent = slot64 * L + ll
-    if EARLY_BUF:
-        lm = (ll < L) & live
-    else:
-        n = tl.load(cur_ptr + slot64, mask=live, other=0)
-        lm = (ll < n) & live
-
-    # Dots over dk in chunks of BLOCK_K columns (loads feed the MMAs directly; the state tile
-    # never sits in registers whole): SK = S_c Kd^T, SQ = S_c Qd^T [BV, T]; Gram matrices of the
-    # raw keys/queries: buffer x drafts GK, GQ [L, T], drafts x drafts KK, KQ [T, T]; squared norms.
+def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
+                    BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
+                    DK: tl.constexpr, HK: tl.constexpr, WITH_S: tl.constexpr, WITH_GRAM: tl.constexpr,
+                    S_PREC: tl.constexpr, K_PREC: tl.constexpr, INTERP: tl.constexpr):
+    """Dots over dk in chunks of BLOCK_K columns (loads feed the MMAs; no tile is ever whole in
+    registers). WITH_S: SK = S Kd^T, SQ = S Qd^T [BV, T] of the state rows row_off (raw k, q).
+    WITH_GRAM: Gram matrices of the raw stored keys/queries, buffer x drafts GK, GQ [L, T],
+    drafts x drafts KK, KQ [T, T], and the squared norms nk, nq [T], nkb [L]."""
     SK = tl.zeros([BLOCK_V, BLOCK_T], tl.float32)
     SQ = tl.zeros([BLOCK_V, BLOCK_T], tl.float32)
     GK = tl.zeros([BLOCK_L, BLOCK_T], tl.float32)
@@ -879,68 +832,51 @@ def _gdn_verify_kernel(
     for c0 in tl.range(0, DK, BLOCK_K):
         cols = c0 + tl.arange(0, BLOCK_K)
         cmask = cols < DK
-        S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :], other=0.0,
-                    eviction_policy="evict_first")
         tkmask = ltm[:, None] & cmask[None, :]
         kr = tl.load(k_ptr + b * skb + tt[:, None] * skt + kh * skh + cols[None, :], mask=tkmask, other=0.0)
         qr = tl.load(q_ptr + b * sqb + tt[:, None] * sqt + kh * sqh + cols[None, :], mask=tkmask, other=0.0)
-        kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
-                     other=0.0)
         krT = tl.trans(kr)
         qrT = tl.trans(qr)
-        SK = _mma_acc(S, krT, SK, S_PREC, INTERP)
-        SQ = _mma_acc(S, qrT, SQ, S_PREC, INTERP)
-        GK = _mma_acc(kb, krT, GK, K_PREC, INTERP)
-        GQ = _mma_acc(kb, qrT, GQ, K_PREC, INTERP)
-        KK = _mma_acc(kr, krT, KK, K_PREC, INTERP)
-        KQ = _mma_acc(kr, qrT, KQ, K_PREC, INTERP)
-        kf = kr.to(tl.float32)
-        qf = qr.to(tl.float32)
-        kbf = kb.to(tl.float32)
-        nk += tl.sum(kf * kf, 1)
-        nq += tl.sum(qf * qf, 1)
-        nkb += tl.sum(kbf * kbf, 1)
-    if RD_FP8:
-        rsc = tl.load(rd_sc_ptr + row_off, mask=lrows, other=1.0)
-        SK = SK * rsc[:, None]
-        SQ = SQ * rsc[:, None]
+        if WITH_S:
+            S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :],
+                        other=0.0, eviction_policy="evict_first")
+            SK = _mma_acc(S, krT, SK, S_PREC, INTERP)
+            SQ = _mma_acc(S, qrT, SQ, S_PREC, INTERP)
+        if WITH_GRAM:
+            kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
+                         other=0.0)
+            GK = _mma_acc(kb, krT, GK, K_PREC, INTERP)
+            GQ = _mma_acc(kb, qrT, GQ, K_PREC, INTERP)
+            KK = _mma_acc(kr, krT, KK, K_PREC, INTERP)
+            KQ = _mma_acc(kr, qrT, KQ, K_PREC, INTERP)
+            kf = kr.to(tl.float32)
+            qf = qr.to(tl.float32)
+            kbf = kb.to(tl.float32)
+            nk += tl.sum(kf * kf, 1)
+            nq += tl.sum(qf * qf, 1)
+            nkb += tl.sum(kbf * kbf, 1)
+    return SK, SQ, GK, GQ, KK, KQ, nk, nq, nkb
 
-    # drafts' other inputs and the buffered u, g
-    vt_mask = lrows[:, None] & ltm[None, :]
-    Vd = tl.load(v_ptr + b * svb + tt[None, :] * svt + h * svh + rows[:, None], mask=vt_mask,
-                 other=0.0).to(tl.float32)                                     # [BV, BT]
-    gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
-    bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
-    gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-    Ut = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rows[:, None], mask=lrows[:, None] & lm[None, :],
-                 other=0.0).to(tl.float32)                                     # [BV, BL]
-    if EARLY_BUF:   # rows >= n are stale: selected away (never multiplied: they may hold anything)
-        n = tl.load(cur_ptr + slot64, mask=live, other=0)
-        lm = (ll < n) & live
-        gch = tl.where(lm, gch, 0.0)
-        Ut = tl.where(lm[None, :], Ut, 0.0)
 
-    # l2 norms as row/column factors; buffer weights (exponents <= 0)
+@triton.jit
+def _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale, EPS: tl.constexpr,
+                  BLOCK_T: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr):
+    """Per (sequence, head) coefficients of the verify solve (see _gdn_verify_kernel):
+    rk, rq [T] norm factors (q's with the scale), GKw = w * GK * rk, GQw [L, T] (rows >= n: 0),
+    eC = e^C, eD [T] = e^{D_j}, inv = (I + M)^-1 [T, T], Mq [T, T]."""
     rk = tl.rsqrt(nk + EPS)
     rq = tl.rsqrt(nq + EPS) * scale
     c = tl.cumsum(gch, 0)
     Cn = tl.sum(gch, 0)
-    w = tl.exp(Cn - c) * tl.rsqrt(nkb + EPS)                                   # [BL]
-    GK = tl.where(lm[:, None], GK * w[:, None], 0.0) * rk[None, :]
-    GQ = tl.where(lm[:, None], GQ * w[:, None], 0.0) * rq[None, :]
-    eC = tl.exp(Cn)
-    SKn = eC * (SK * rk[None, :]) + _mm(Ut, GK, SMALL_PREC, INTERP)             # S_{n-1} k_j  [BV, BT]
-    SQn = eC * (SQ * rq[None, :]) + _mm(Ut, GQ, SMALL_PREC, INTERP)             # S_{n-1} q_j
+    w = tl.exp(Cn - c) * tl.rsqrt(nkb + EPS)                                   # exponents <= 0
+    GKw = tl.where(lm[:, None], GK * w[:, None], 0.0) * rk[None, :]            # stale rows selected away
+    GQw = tl.where(lm[:, None], GQ * w[:, None], 0.0) * rq[None, :]
     KK = KK * rk[:, None] * rk[None, :]
     KQ = KQ * rk[:, None] * rq[None, :]
-
-    # drafts: triangular solve Ud (I + M) = R
     Dc = tl.cumsum(gd, 0)
     ups = (tt[:, None] < tt[None, :]) & tmask[None, :]                         # m < j < T
     dec = tl.exp(tl.where(ups | (tt[:, None] == tt[None, :]), Dc[None, :] - Dc[:, None], -float("inf")))
     M = tl.where(ups, bd[None, :] * dec * KK, 0.0)
-    eD = tl.exp(Dc)
-    R = bd[None, :] * (Vd - eD[None, :] * SKn)
     eye = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0)
     M2 = _mm(M, M, SMALL_PREC, INTERP)
     M4 = _mm(M2, M2, SMALL_PREC, INTERP)
@@ -948,26 +884,133 @@ def _gdn_verify_kernel(
     inv = _mm(inv, eye + M4, SMALL_PREC, INTERP)
     if BLOCK_T > 8:
         inv = _mm(inv, eye + _mm(M4, M4, SMALL_PREC, INTERP), SMALL_PREC, INTERP)
-    Ud = _mm(R, inv, SMALL_PREC, INTERP)                                           # [BV, BT]
     Mq = tl.where((tt[:, None] <= tt[None, :]) & tmask[None, :], dec * KQ, 0.0)
+    return rk, rq, GKw, GQw, tl.exp(Cn), tl.exp(Dc), inv, Mq
+
+
+@triton.jit
+def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm, tt,
+                 tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, inv, Mq,
+                 svb, svt, svh, sob, sot, soh, HV: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+                 RD_FP8: tl.constexpr, DUAL: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr):
+    """Outputs of one row tile from its raw state dots SK, SQ [BV, T]: adds the buffer, solves
+    the drafts, stores o and the drafts' u (dual: v) at buffer rows n..n+T-1."""
+    if RD_FP8:
+        rsc = tl.load(rd_sc_ptr + row_off, mask=lrows, other=1.0)
+        SK = SK * rsc[:, None]
+        SQ = SQ * rsc[:, None]
+    Vd = tl.load(v_ptr + b * svb + tt[None, :] * svt + h * svh + rows[:, None], mask=lrows[:, None] & ltm[None, :],
+                 other=0.0).to(tl.float32)                                     # [BV, BT]
+    Ut = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rows[:, None], mask=lrows[:, None] & lm[None, :],
+                 other=0.0).to(tl.float32)                                     # [BV, BL]
+    SKn = eC * (SK * rk[None, :]) + _mm(Ut, GKw, SMALL_PREC, INTERP)           # S_{n-1} k_j
+    SQn = eC * (SQ * rq[None, :]) + _mm(Ut, GQw, SMALL_PREC, INTERP)           # S_{n-1} q_j
+    R = bd[None, :] * (Vd - eD[None, :] * SKn)
+    Ud = _mm(R, inv, SMALL_PREC, INTERP)                                       # drafts' u [BV, BT]
     O = eD[None, :] * SQn + _mm(Ud, Mq, SMALL_PREC, INTERP)
     tl.store(o_ptr + b * sob + tt[None, :] * sot + h * soh + rows[:, None], _cast(O, o_ptr.dtype.element_ty, INTERP),
              mask=rmask[:, None] & tmask[None, :])
-
-    # write the drafts to the buffer at n..n+T-1 (cursor unchanged)
     pos = n + tt
-    pm = ltm & (pos < L)
     dent = slot64 * L + pos
-    um = lrows[:, None] & pm[None, :]
+    um = lrows[:, None] & (ltm & (pos < L))[None, :]
     tl.store(ub_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], Ud, mask=um)
     if DUAL:
         tl.store(vb_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], _cast(Vd, vb_ptr.dtype.element_ty, INTERP),
                  mask=um)
+
+
+@triton.jit
+def _gdn_verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sgh, sbb, sbt, sbh, sob, sot, soh,
+    scale,
+    T: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
+    EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, HEAD_LOOP: tl.constexpr, INTERP: tl.constexpr,
+    EPS: tl.constexpr,
+):
+    """All T draft outputs for [BLOCK_V, dk] state tiles from the read checkpoint and the
+    buffer, in matrix form (drafts j as columns; every tile dim >= 16 for tl.dot).
+
+    n = cursor (plain read, not moved); c_i = g_0 + .. + g_i over the buffer, C = c_{n-1};
+    D_j = gd_0 + .. + gd_j over the drafts; k, q l2-normalised (q also scaled) by factors
+    applied after the raw dots, so the Gram and state MMAs multiply stored values.
+        SK = S_c Kd^T, SQ = S_c Qd^T                               [BV, T]  (MMA over dk: S_PREC)
+        S_{n-1} k_j = e^C SK + U^T (w * Kb Kd^T),  w_i = e^{C - c_i}      (q likewise)
+    Drafts: u_j = beta_j (v_j - e^{D_j} S_{n-1} k_j - sum_{m<j} e^{D_j - D_m} (k_m.k_j) u_m),
+    i.e. Ud (I + M) = R with M[m, j] = [m < j] beta_j e^{D_j - D_m} (k_m.k_j) strictly upper
+    triangular and R[:, j] = beta_j (v_j - e^{D_j} S_{n-1} k_j); (I + M)^-1 =
+    (I - M)(I + M^2)(I + M^4)(I + M^8) exactly (M^16 = 0).
+        O = e^{D_j} (S_{n-1} q_j) + Ud Mq,  Mq[m, j] = [m <= j] e^{D_j - D_m} (k_m.q_j)
+    Grid (row tiles, Hv, batch): one tile per program, its dk loop computing the state dots and
+    the (per-head) Gram matrices together, so the state loads go first. HEAD_LOOP: grid
+    (1, Hv, batch); the program computes the per-head coefficients once, then loops over the
+    head's row tiles (no per-tile repetition of the Gram work). EARLY_BUF loads the buffer rows
+    < BLOCK_L before the cursor arrives; rows >= n are selected away (never multiplied). No
+    per-draft state; drafts written to the buffer at n..n+T-1 (u; k, g once; dual: v, beta).
+    """
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    GROUP: tl.constexpr = HV // HK
+    kh = h // GROUP
+    tt = tl.arange(0, BLOCK_T)
+    tmask = tt < T
+    ll = tl.arange(0, BLOCK_L)
+    slot = tl.load(idx_ptr + b)
+    live = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    ltm = tmask & live
+    ent = slot64 * L + ll
+    if EARLY_BUF:
+        lm = (ll < L) & live
+    else:
+        n = tl.load(cur_ptr + slot64, mask=live, other=0)
+        lm = (ll < n) & live
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < DV
+    lrows = rmask & live
+    row_off = (slot64 * HV + h) * DV + rows
+    SK, SQ, GK, GQ, KK, KQ, nk, nq, nkb = _verify_dk_loop(
+        rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
+        BLOCK_V, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, not HEAD_LOOP, True, S_PREC, K_PREC, INTERP)
+    gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
+    bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
+    gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
+    if EARLY_BUF:
+        n = tl.load(cur_ptr + slot64, mask=live, other=0)
+        lm = (ll < n) & live
+        gch = tl.where(lm, gch, 0.0)
+    rk, rq, GKw, GQw, eC, eD, inv, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale,
+                                                      EPS, BLOCK_T, SMALL_PREC, INTERP)
+    if HEAD_LOOP:
+        for r0 in tl.range(0, DV, BLOCK_V):
+            rows = r0 + tl.arange(0, BLOCK_V)
+            rmask = rows < DV
+            lrows = rmask & live
+            row_off = (slot64 * HV + h) * DV + rows
+            SK, SQ, _, _, _, _, _, _, _ = _verify_dk_loop(
+                rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
+                BLOCK_V, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, True, False, S_PREC, K_PREC, INTERP)
+            _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm,
+                         tt, tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, inv, Mq,
+                         svb, svt, svh, sob, sot, soh, HV, DV, L, RD_FP8, DUAL, SMALL_PREC, INTERP)
+    else:
+        _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm,
+                     tt, tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, inv, Mq,
+                     svb, svt, svh, sob, sot, soh, HV, DV, L, RD_FP8, DUAL, SMALL_PREC, INTERP)
+
+    # the drafts' g (dual: beta) once per head, raw keys once per key head (re-read: L2 hits)
+    pos = n + tt
+    pm = ltm & (pos < L)
+    dent = slot64 * L + pos
     if pid_v == 0:
         tl.store(gb_ptr + dent * HV + h, gd, mask=pm)
         if DUAL:
             tl.store(bb_ptr + dent * HV + h, bd, mask=pm)
-        if h % GROUP == 0:   # raw keys (re-read: L2 hits)
+        if h % GROUP == 0:
             for c0 in tl.range(0, DK, BLOCK_K):
                 cols = c0 + tl.arange(0, BLOCK_K)
                 cm = pm[:, None] & (cols < DK)[None, :]
@@ -1158,7 +1201,8 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     cfg = pick_config("verify", batch, dv, dk, L, {**OVERRIDE.get("verify", {}), **(config or {})})
     cfg["BLOCK_V"] = max(16, cfg["BLOCK_V"])
     cfg["BLOCK_K"] = max(16, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
-    nt = triton.cdiv(dv, cfg["BLOCK_V"])
+    head_loop = bool(cfg.get("HEAD_LOOP", False))
+    nt = 1 if head_loop else triton.cdiv(dv, cfg["BLOCK_V"])
     _check_rs(rs, nt * Hv)
     rd, rd_sc, rd_fp8 = _ckpt_args(rs.read_ckpt)
     buf, dual = _buffer_args(rs)
@@ -1169,7 +1213,8 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                         BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
                         BLOCK_T=max(16, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
                         S_PREC=s_prec, K_PREC=_mma_precision(rs.k.dtype, k.dtype),
-                        EARLY_BUF=bool(cfg.get("EARLY_BUF", True)), SMALL_PREC=cfg.get("SMALL_PREC", "tf32x3"))
+                        EARLY_BUF=bool(cfg.get("EARLY_BUF", True)), SMALL_PREC=cfg.get("SMALL_PREC", "tf32x3"),
+                        HEAD_LOOP=head_loop)
     return _gdn_verify_kernel, (nt, Hv, batch), args, meta
 
 

@@ -69,17 +69,19 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     ("eager",  2, "large"): [(64, 1, 8, 64),   # whole 64-row heads: 94 % (Super)
                              (16, 0, 4)],      # else 16-row chunks of the whole head: 92 % (Nano)
     ("fold",   4, "small"): (16, 1, 4),
-    ("fold",   4, "large"): (16, 1, 4),
+    ("fold",   4, "large"): (16, 0, 4),        # whole-head programs: a commit's mostly idle grid is 1/4 the size
     ("fold",   2, "small"): (16, 1, 4),
-    ("fold",   2, "large"): (16, 1, 4),
+    ("fold",   2, "large"): (16, 0, 4),
     ("fold",   1, "small"): (16, 1, 4),
-    ("fold",   1, "large"): (16, 1, 4),
-    ("verify", 4, "small"): (16, 1, 4),
-    ("verify", 4, "large"): (16, 1, 4),
-    ("verify", 2, "small"): (16, 1, 4),
-    ("verify", 2, "large"): (16, 1, 4),
-    ("verify", 1, "small"): (16, 1, 4),
-    ("verify", 1, "large"): (16, 1, 4),
+    ("fold",   1, "large"): (16, 0, 4),
+    # verify: 16-32 rows per warp (the MMA's M); 4-8 warps per program ran at a third of the rate
+    # (tools/tune_spec.py, H200, T 4, b256: Super 64x2w 487 us, 32x2w 557, 16x4w 2110; Nano 32x2w 582)
+    ("verify", 4, "small"): [(64, 1, 2, 64), (32, 1, 2)],
+    ("verify", 4, "large"): [(64, 1, 2, 64), (32, 1, 2)],
+    ("verify", 2, "small"): [(64, 1, 2, 64), (32, 1, 2)],
+    ("verify", 2, "large"): [(64, 1, 2, 64), (32, 1, 2)],   # dual bf16 Super: 385 us (32x2w 483)
+    ("verify", 1, "small"): [(64, 1, 2, 64), (32, 1, 2)],
+    ("verify", 1, "large"): [(64, 1, 2, 64), (32, 1, 2)],
 }
 # REPLAY_CONFIGS (the step kernel). Key: (bytes per element of the copy the output path reads,
 # bucket). Value: candidates (dicts), the first whose "p_mod" divides P is used (the last one
@@ -1153,6 +1155,16 @@ def _mma_precision(a: torch.dtype, b: torch.dtype) -> str:
     return VERIFY_F32_PRECISION
 
 
+def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> str:
+    """Precision of the verify MMA state tile x C. An fp32 tile feeding bf16 / fp16 outputs
+    takes "bf16x3" (~2^-16 per product, 256x below the output's own rounding; ~10 % faster than
+    "tf32x3" on the H200); fp32 outputs keep VERIFY_F32_PRECISION."""
+    p = _mma_precision(rd, c)
+    if p == VERIFY_F32_PRECISION and y in (torch.bfloat16, torch.float16):
+        return "bf16x3"
+    return p
+
+
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
     """([launch], y) of speculative verification; see verify. Grid (cdiv(P, BLOCK_P), H, b):
     one [BLOCK_P, N] state tile per program, BLOCK_P from CONFIG_TABLE["verify"] (or
@@ -1186,7 +1198,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         T=T, BLOCK_T=max(16, _np2(T)), BLOCK_P=block_p, BLOCK_N=max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N))),
         BLOCK_L=block_l,
         HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has,
-        S_PREC=ov.get("s_prec", _mma_precision(rd.data.dtype, C.dtype)), BC_PREC=_mma_precision(rs.B.dtype, C.dtype),
+        S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)), BC_PREC=_mma_precision(rs.B.dtype, C.dtype),
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
         EARLY_BUF=bool(early_buf), EXACT=_interpreting(),
         num_warps=ov.get("warps", warps))

@@ -37,6 +37,7 @@ ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float8_e4m3fn
 
 TINY = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=5)
 GQA = I.GDNShape(num_k_heads=2, num_v_heads=4, head_k_dim=12, head_v_dim=10)   # 2 value heads per key head
+TALL = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=24, head_v_dim=40)    # several row tiles / dk chunks
 # forces several dv tiles and buffer chunks at the tiny shapes (on CUDA too)
 SMALL_TILES = {"BLOCK_V": 4, "BLOCK_L": 2}
 
@@ -274,6 +275,9 @@ VERIFY_CASES = [
     ("dual-bf16-T4", TINY, "dual", "float32", "bfloat16", torch.float32, 4, 4, 8, None),
     ("shared-fp8-T1", TINY, "shared-low", "float32", "float8_e4m3", torch.float32, 1, 2, 3, None),
     ("f32-gqa-T2", GQA, "replay", "float32", None, torch.bfloat16, 2, 3, 5, {"BLOCK_V": 8}),
+    # one program per head looping over 3 row tiles (dv 40), dk in 2 chunks; buffer read after the cursor
+    ("head-loop-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
+     {"HEAD_LOOP": True, "BLOCK_V": 16, "CHUNK_K": 16, "EARLY_BUF": False}),
 ]
 
 
