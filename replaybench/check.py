@@ -44,7 +44,8 @@ def _quartiles(df):
     return q1.fillna(med - half), q3.fillna(med + half)
 
 
-def _device_of(manifest: dict, df) -> str:
+def device_of(manifest: dict, df) -> str:
+    """The device a run ran on: the manifest's device name, else the rows' device column."""
     dev = manifest.get("device") or {}
     if dev.get("name"):
         return str(dev["name"])
@@ -86,7 +87,7 @@ def run_check(base: str | Path, new: str | Path, threshold: float = 0.05,
         return CheckResult(2, 0, 0, 0, 0, 0, None)
     bm, nm = bs.manifest(), ns.manifest()
     bdf, ndf = bs.dataframe(), ns.dataframe()
-    bdev, ndev = _device_of(bm, bdf), _device_of(nm, ndf)
+    bdev, ndev = device_of(bm, bdf), device_of(nm, ndf)
     if bdev != ndev and not allow_device_mismatch:
         print(f"replaybench check: devices differ: BASE ran on {bdev!r}, NEW on {ndev!r}; "
               f"times are not comparable (pass --allow-device-mismatch to compare anyway)",

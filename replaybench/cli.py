@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="regenerate reports/<run-id>/ from stored rows")
     r.add_argument("run", help="run id (under --results-dir) or run directory")
+    r.add_argument("--compare", metavar="OTHER_RUN",
+                   help="a repeat of RUN on the same device: add its run-to-run spread (per-case "
+                        "|OTHER/RUN - 1| of the medians, matched as `check` matches) as spread.png/.svg/.csv "
+                        "and a report section")
     r.add_argument("--results-dir", default="results")
     r.add_argument("--reports-dir", default="reports")
 
@@ -177,7 +181,8 @@ def cmd_report(args, argv) -> int:
     from .report import write_report
     from .store import StoreError
     try:
-        out = write_report(args.run, reports_dir=args.reports_dir, results_dir=args.results_dir)
+        out = write_report(args.run, reports_dir=args.reports_dir, results_dir=args.results_dir,
+                           compare=args.compare)
     except StoreError as e:
         _err(str(e))
         return 2

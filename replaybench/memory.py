@@ -178,7 +178,7 @@ def fig_memory(rows: list[MemoryRow], out_dir: Path, budget_gb: float = 80.0, st
     out_dir = Path(out_dir)
     png = out_dir / f"{stem}.png"
     fig.savefig(png, dpi=150, bbox_inches="tight")
-    fig.savefig(out_dir / f"{stem}.svg", bbox_inches="tight")
+    fig.savefig(out_dir / f"{stem}.svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     return png
 

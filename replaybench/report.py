@@ -5,6 +5,7 @@ Figures:
   time_vs_batch      time per decode step vs batch, one line per method (x backend), facets per model
   bytes_per_step     modelled bytes per decode step (rows' bytes_model), bars per method variant
   speedup_<model>    replay-family speedup vs eager over buffer_len x flush_period at the largest batch
+  spread             with --compare OTHER: run-to-run spread against a repeat (report_spread.py)
 
 Speedups are computed here from rows of the same run; they are never stored.
 A report never runs a kernel.
@@ -22,6 +23,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "replaybench"   # SVG ids from content: regenerating changes no byte
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
@@ -34,7 +36,7 @@ _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#
 METHOD_COLORS = {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(METHOD_ORDER)}
 BACKEND_STYLES = {"triton": ("-", "o"), "reference": ("--", "s"), "vllm": (":", "^")}
 FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg", "spec_speedup.*",
-                "memory.*", "roofline.*", "traffic_measured.*")
+                "memory.*", "roofline.*", "traffic_measured.*", "spread.*")
 
 TABLE_COLUMNS = ["case_id", "method", "backend", "batch", "buffer_len", "flush_period",
                  "spec_window", "state_dtype", "lo_dtype", "median_us", "iqr_us", "samples",
@@ -153,7 +155,7 @@ def _fmt(v: Any, digits: int = 4) -> str:
 def _save(fig, out_dir: Path, stem: str) -> tuple[Path, Path]:
     png, svg = out_dir / f"{stem}.png", out_dir / f"{stem}.svg"
     fig.savefig(png, dpi=150, bbox_inches="tight")
-    fig.savefig(svg, bbox_inches="tight")
+    fig.savefig(svg, bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     return png, svg
 
@@ -519,6 +521,12 @@ def _html_table(df, cols: list[str]) -> str:
     return "\n".join(out)
 
 
+def _html_code(text: str) -> str:
+    """Escape text for HTML, rendering Markdown `code` spans as <code>."""
+    parts = str(text).split("`")
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+
+
 def _sorted_rows(df):
     d = df.copy()
     d["_m"] = d["method"].map(_method_key)
@@ -539,17 +547,25 @@ img{max-width:100%;border:1px solid #eee}figure{margin:1em 0}figcaption{font-siz
 
 
 def write_report(run: str | Path, reports_dir: str | Path = "reports",
-                 results_dir: str | Path = "results") -> Path:
+                 results_dir: str | Path = "results", compare: str | Path | None = None) -> Path:
     """Regenerate ``reports_dir/<run-id>/`` from the stored rows of ``run`` (id or path).
 
-    Also re-materialises rows.parquet / rows.csv from rows.jsonl.  Returns the report dir.
+    ``compare``: another run (a repeat of this one, same device) whose run-to-run spread
+    against this run becomes a figure (spread.png/.svg, per-case spread.csv) and a section;
+    a missing run, the run itself or another device raises StoreError before anything is
+    written. Also re-materialises rows.parquet / rows.csv from rows.jsonl.  Returns the report dir.
     """
     store = RunStore.open(run, results_dir)
-    if store.rows_path.exists():
-        store.materialise()
     manifest = store.manifest()
     df = store.dataframe()
     run_id = manifest.get("run_id") or store.run_id
+    other = None
+    if compare is not None:
+        from .report_spread import open_other
+        ostore, omanifest, odf = open_other(compare, results_dir, store, manifest, df)
+        other = (omanifest.get("run_id") or ostore.run_id, omanifest, odf)
+    if store.rows_path.exists():
+        store.materialise()
     out_dir = Path(reports_dir) / run_id
     out_dir.mkdir(parents=True, exist_ok=True)
     for pat in FIG_PATTERNS:
@@ -580,6 +596,12 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     roof_figures, roof_tables = roofline_sections(df, manifest, out_dir, _save)
     figures += roof_figures
     extra_tables = roof_tables + extra_tables
+    spread = None
+    if other is not None:
+        from .report_spread import command, section
+        oid, omanifest, odf = other
+        spread = section(run_id, manifest, df, oid, omanifest, odf, out_dir, _save, METHOD_COLORS,
+                         _device_suffix(manifest, cpu), command(run_id, oid, results_dir, reports_dir))
 
     rows_sorted = _sorted_rows(df) if len(df) else df
     errors = rows_sorted[rows_sorted["status"] == "error"] if len(df) else df
@@ -597,6 +619,13 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     md += [f"- **{k}**: {_md_escape(v)}" for k, v in header] + [""]
     for t, cap, p in figures:
         md += [f"## {t}", "", f"![{t}]({p.name})", "", f"_{cap}_ (vector: [{p.stem}.svg]({p.stem}.svg))", ""]
+    if spread is not None:
+        p = spread.png
+        md += [f"## {spread.title}", "", f"![{spread.title}]({p.name})", "",
+               f"_{spread.caption}_ (vector: [{p.stem}.svg]({p.stem}.svg); every case: "
+               f"[{spread.csv.name}]({spread.csv.name}))", "", spread.intro, "",
+               f"Reproduce: `{spread.command}`", "", _md_table(spread.summary, list(spread.summary.columns)),
+               f"Worst {len(spread.worst)} case(s):", "", _md_table(spread.worst, list(spread.worst.columns))]
     md += ["## Speedups vs eager (same run)", "", _md_table(sp, sp_cols)]
     for t, intro, tdf, cols in extra_tables:
         md += [f"## {t}", "", intro, "", _md_table(tdf, cols)]
@@ -616,6 +645,15 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
         b64 = base64.b64encode(p.read_bytes()).decode("ascii")
         h.append(f"<h2>{html.escape(t)}</h2><figure><img alt='{html.escape(t)}' "
                  f"src='data:image/png;base64,{b64}'><figcaption>{html.escape(cap)}</figcaption></figure>")
+    if spread is not None:
+        b64 = base64.b64encode(spread.png.read_bytes()).decode("ascii")
+        t = html.escape(spread.title)
+        h.append(f"<h2>{t}</h2><figure><img alt='{t}' src='data:image/png;base64,{b64}'>"
+                 f"<figcaption>{html.escape(spread.caption)}</figcaption></figure>"
+                 f"<p>{_html_code(spread.intro)}</p><p>Reproduce: <code>{html.escape(spread.command)}</code></p>"
+                 + _html_table(spread.summary, list(spread.summary.columns))
+                 + f"<p>Worst {len(spread.worst)} case(s):</p>"
+                 + _html_table(spread.worst, list(spread.worst.columns)))
     h.append("<h2>Speedups vs eager (same run)</h2>" + _html_table(sp, sp_cols))
     for t, intro, tdf, cols in extra_tables:
         h.append(f"<h2>{html.escape(t)}</h2><p>{html.escape(intro)}</p>" + _html_table(tdf, cols))

@@ -118,7 +118,7 @@ def fig_spec_speedup(st: pd.DataFrame, out_dir: Path, title_suffix: str = "") ->
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     png = Path(out_dir) / "spec_speedup.png"
     fig.savefig(png, dpi=150, bbox_inches="tight")
-    fig.savefig(Path(out_dir) / "spec_speedup.svg", bbox_inches="tight")
+    fig.savefig(Path(out_dir) / "spec_speedup.svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     return png
 

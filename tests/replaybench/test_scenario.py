@@ -389,3 +389,22 @@ def test_spec_scenarios_load():
     assert all(c.state_dtype == "float32" and c.accept == f"fixed:{c.spec_window // 2}" for c in h200.cases)
     from replaybench.models import STUDY_MODELS
     assert {c.model for c in h200.cases} == set(STUDY_MODELS)
+
+
+def test_h200_kernels_buffers_scenario():
+    """Issue 5: buffer 32 with K = 32 and K = 16, buffer 16 with K = 8 (K < L), fp32 and dual
+    (fp32 + bf16) state, batch 32 and 256, the study models, eager / vLLM baselines; <= 60 cases."""
+    from replaybench.models import STUDY_MODELS
+    sc = load_scenario(REPO / "scenarios" / "h200-kernels-buffers.toml")
+    assert len(sc.cases) <= 60 and not sc.skipped
+    assert {c.model for c in sc.cases} == set(STUDY_MODELS)
+    assert {c.method for c in sc.cases} == {"eager", "vllm-eager", "replay", "replay-dual"}
+    buf = [c for c in sc.cases if METHODS[c.method].buffer]
+    for method, lo in (("replay", "none"), ("replay-dual", "bfloat16")):
+        got = {(c.model, c.batch, c.buffer_len, c.flush_period) for c in buf if c.method == method}
+        assert got == {(m, b, L, K) for m in STUDY_MODELS for b in (32, 256) for L, K in ((32, 32), (32, 16), (16, 8))}
+        assert {(c.state_dtype, c.lo_dtype) for c in buf if c.method == method} == {("float32", lo)}
+    # every replay case has its eager baseline (same model, batch, state dtype) in the same run
+    eager = {(c.model, c.batch) for c in sc.cases if c.method == "eager" and c.state_dtype == "float32"}
+    assert {(c.model, c.batch) for c in buf} <= eager
+    assert {(c.model, c.batch) for c in sc.cases if c.method == "vllm-eager"} == {(m, 256) for m in STUDY_MODELS}
