@@ -45,6 +45,19 @@ TABLE_COLUMNS = ["case_id", "method", "backend", "batch", "buffer_len", "flush_p
 
 # ----------------------------------------------------------------------------- helpers
 
+def throttle_table(df):
+    """ok rows with a throttle reason: case_id, method, throttle, discarded, samples, power_capped."""
+    import pandas as pd
+    cols = ["case_id", "method", "throttle", "discarded", "samples", "power_capped"]
+    if not len(df) or "throttle" not in df.columns:
+        return pd.DataFrame(columns=cols)
+    t = df[(df["status"] == "ok") & df["throttle"].fillna("").astype(str).ne("")].copy()
+    if "power_capped" not in t.columns:
+        t["power_capped"] = False
+    t["power_capped"] = t["power_capped"].fillna(False).astype(bool)
+    return t[[c for c in cols if c in t.columns]].sort_values("case_id").reset_index(drop=True)
+
+
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", s)
 
@@ -596,6 +609,13 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     roof_figures, roof_tables = roofline_sections(df, manifest, out_dir, _save)
     figures += roof_figures
     extra_tables = roof_tables + extra_tables
+    thr = throttle_table(df)
+    if len(thr):
+        extra_tables.append(("Throttled measurements",
+                             "Rows whose timing saw NVML throttle reasons (replaybench.timing): throttled "
+                             "batches are discarded and counted; power_capped = every batch ran under the "
+                             "power cap alone, so the median is the kernel's power-capped rate.",
+                             thr, list(thr.columns)))
     spread = None
     if other is not None:
         from .report_spread import command, section

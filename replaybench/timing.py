@@ -9,6 +9,11 @@ relative IQR (IQR / median) <= `rel_iqr`, or at `max_samples` / `max_time_s`.
 
 Throttling: NVML clock-throttle reasons are read after every batch; a batch during which a
 thermal/power/slowdown reason was active is discarded (and counted), as are its samples.
+Exception: when *every* batch ran under the power cap alone (sw_power_cap / hw_power_brake,
+no thermal or slowdown reason), the kernel itself draws the board to its power limit and
+that capped rate is its sustained rate on this GPU: those samples are reported with
+`power_capped=True` (the row says so) instead of failing the case. Seen on the H200 with the
+MMA-heavy speculative verify kernels at batch 512.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ _BAD_REASONS = {
     "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal": 0x20,
     "hw_thermal": 0x40, "hw_power_brake": 0x80,
 }
+_POWER_REASONS = {"sw_power_cap", "hw_power_brake"}
 
 
 @dataclass
@@ -39,6 +45,7 @@ class Timing:
     power_w: float | None = None
     throttle: str = ""
     raw_us: list = field(default_factory=list, repr=False)
+    power_capped: bool = False     # every batch ran under the power cap: these are capped samples
 
     @property
     def rel_iqr(self) -> float:
@@ -91,6 +98,44 @@ def _stop(samples: list[float], cfg, started: float) -> bool:
     return (q3 - q1) / med <= cfg.rel_iqr
 
 
+class _Batches:
+    """Samples of a measurement, batch by batch, with the NVML state read after each batch:
+    clean batches are kept; throttled ones are discarded and counted, and those throttled by
+    the power cap alone are set aside in case no batch at all runs uncapped (module doc)."""
+
+    def __init__(self):
+        self.samples: list[float] = []
+        self.capped: list[float] = []
+        self.clocks: list[dict] = []
+        self.capped_clocks: list[dict] = []
+        self.reasons: set[str] = set()
+        self.discarded = 0
+        self.other_throttle = False
+
+    def add(self, batch: list[float], state: dict) -> None:
+        bad = set(state.get("bad") or ())
+        if not bad:
+            self.samples.extend(batch)
+            self.clocks.append(state)
+            return
+        self.discarded += len(batch)
+        self.reasons |= bad
+        if bad <= _POWER_REASONS:
+            self.capped.extend(batch)
+            self.capped_clocks.append(state)
+        else:
+            self.other_throttle = True
+
+    def summary(self, per: int) -> Timing:
+        if self.samples:
+            return _summary(self.samples, self.discarded, per, self.clocks, self.reasons)
+        if self.capped and not self.other_throttle:
+            t = _summary(self.capped, 0, per, self.capped_clocks, self.reasons)
+            t.power_capped = True
+            return t
+        return _summary([], self.discarded, per, [], self.reasons)
+
+
 def _summary(samples, discarded, per, clocks, reasons) -> Timing:
     if not samples:
         raise RuntimeError(f"no usable timing samples ({discarded} discarded; throttle: {sorted(reasons)})")
@@ -135,24 +180,17 @@ def time_cuda_graph(fn: Callable[[], None], cfg, per: int = 1, batch: int = 10, 
         run()
     torch.cuda.synchronize()
     nvml = _Nvml(torch.cuda.current_device())
-    samples: list[float] = []
-    clocks, reasons, discarded = [], set(), 0
+    acc = _Batches()
     started = time.perf_counter()
-    while not _stop(samples, cfg, started):
+    while not _stop(acc.samples, cfg, started):
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(batch + 1)]
         ev[0].record()
         for i in range(batch):
             run()
             ev[i + 1].record()
         torch.cuda.synchronize()
-        state = nvml.read()
-        if state.get("bad"):
-            discarded += batch
-            reasons.update(state["bad"])
-            continue
-        clocks.append(state)
-        samples.extend(ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(batch))
-    return _summary(samples, discarded, per, clocks, reasons)
+        acc.add([ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(batch)], nvml.read())
+    return acc.summary(per)
 
 
 def measure(fn: Callable[[], None], device: str, cfg, per: int = 1) -> Timing:

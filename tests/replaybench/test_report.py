@@ -121,3 +121,23 @@ def test_report_with_only_errors_or_no_rows(tmp_path):
     make_run(tmp_path, run_id="empty", rows=[])
     out = write_report("empty", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
     assert "All rows (0)" in (out / "report.md").read_text()
+
+
+def test_throttle_table_lists_throttled_and_power_capped_rows():
+    import pandas as pd
+
+    from replaybench.report import throttle_table
+    df = pd.DataFrame([
+        {"case_id": "a", "method": "replay", "status": "ok", "throttle": "", "discarded": 0, "samples": 10,
+         "power_capped": False},
+        {"case_id": "b", "method": "spec-replay", "status": "ok", "throttle": "sw_power_cap", "discarded": 0,
+         "samples": 40, "power_capped": True},
+        {"case_id": "c", "method": "eager", "status": "ok", "throttle": "hw_thermal", "discarded": 10,
+         "samples": 20, "power_capped": False},
+        {"case_id": "d", "method": "eager", "status": "error", "throttle": "hw_thermal", "discarded": 50,
+         "samples": 0, "power_capped": False},
+    ])
+    t = throttle_table(df)
+    assert list(t["case_id"]) == ["b", "c"]
+    assert list(t["power_capped"]) == [True, False]
+    assert throttle_table(df.drop(columns=["power_capped"]))["power_capped"].tolist() == [False, False]

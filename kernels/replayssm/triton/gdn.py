@@ -41,6 +41,7 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
+from .mma import mm, mma_acc, mma_precision
 from .offline import signature
 
 _TICKET = tl.constexpr(1 << 16)
@@ -779,39 +780,6 @@ def _gdn_fold_kernel(
 
 # ----------------------------------------------------------------------------- verify
 @triton.jit
-def _mm(a, b, PREC: tl.constexpr, INTERP: tl.constexpr):
-    """a @ b -> float32 (tl.dot). PREC "bf16": both operands hold bf16 values (exact products,
-    fp32 accumulation; under the interpreter, which mis-evaluates bf16 dots, the same products
-    in fp32); otherwise tl.dot's input_precision ("tf32", "tf32x3", "bf16x3", "ieee") on fp32
-    operands."""
-    if PREC == "bf16":
-        if INTERP:
-            r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-        else:
-            r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    elif INTERP:   # the interpreter computes every dot in fp32 and knows only some precisions
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
-    return r
-
-
-@triton.jit
-def _mma_acc(a, b, acc, PREC: tl.constexpr, INTERP: tl.constexpr):
-    """acc + a @ b (see _mm)."""
-    if PREC == "bf16":
-        if INTERP:
-            r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    elif INTERP:   # the interpreter computes every dot in fp32 and knows only some precisions
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
-    return r
-
-
-@triton.jit
 def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
                     BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
                     DK: tl.constexpr, HK: tl.constexpr, WITH_S: tl.constexpr, WITH_GRAM: tl.constexpr,
@@ -840,15 +808,15 @@ def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm
         if WITH_S:
             S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :],
                         other=0.0, eviction_policy="evict_first")
-            SK = _mma_acc(S, krT, SK, S_PREC, INTERP)
-            SQ = _mma_acc(S, qrT, SQ, S_PREC, INTERP)
+            SK = mma_acc(S, krT, SK, S_PREC, INTERP)
+            SQ = mma_acc(S, qrT, SQ, S_PREC, INTERP)
         if WITH_GRAM:
             kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
                          other=0.0)
-            GK = _mma_acc(kb, krT, GK, K_PREC, INTERP)
-            GQ = _mma_acc(kb, qrT, GQ, K_PREC, INTERP)
-            KK = _mma_acc(kr, krT, KK, K_PREC, INTERP)
-            KQ = _mma_acc(kr, qrT, KQ, K_PREC, INTERP)
+            GK = mma_acc(kb, krT, GK, K_PREC, INTERP)
+            GQ = mma_acc(kb, qrT, GQ, K_PREC, INTERP)
+            KK = mma_acc(kr, krT, KK, K_PREC, INTERP)
+            KQ = mma_acc(kr, qrT, KQ, K_PREC, INTERP)
             kf = kr.to(tl.float32)
             qf = qr.to(tl.float32)
             kbf = kb.to(tl.float32)
@@ -878,12 +846,12 @@ def _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale
     dec = tl.exp(tl.where(ups | (tt[:, None] == tt[None, :]), Dc[None, :] - Dc[:, None], -float("inf")))
     M = tl.where(ups, bd[None, :] * dec * KK, 0.0)
     eye = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0)
-    M2 = _mm(M, M, SMALL_PREC, INTERP)
-    M4 = _mm(M2, M2, SMALL_PREC, INTERP)
-    inv = _mm(eye - M, eye + M2, SMALL_PREC, INTERP)
-    inv = _mm(inv, eye + M4, SMALL_PREC, INTERP)
+    M2 = mm(M, M, SMALL_PREC, INTERP)
+    M4 = mm(M2, M2, SMALL_PREC, INTERP)
+    inv = mm(eye - M, eye + M2, SMALL_PREC, INTERP)
+    inv = mm(inv, eye + M4, SMALL_PREC, INTERP)
     if BLOCK_T > 8:
-        inv = _mm(inv, eye + _mm(M4, M4, SMALL_PREC, INTERP), SMALL_PREC, INTERP)
+        inv = mm(inv, eye + mm(M4, M4, SMALL_PREC, INTERP), SMALL_PREC, INTERP)
     Mq = tl.where((tt[:, None] <= tt[None, :]) & tmask[None, :], dec * KQ, 0.0)
     return rk, rq, GKw, GQw, tl.exp(Cn), tl.exp(Dc), inv, Mq
 
@@ -903,11 +871,11 @@ def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr,
                  other=0.0).to(tl.float32)                                     # [BV, BT]
     Ut = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rows[:, None], mask=lrows[:, None] & lm[None, :],
                  other=0.0).to(tl.float32)                                     # [BV, BL]
-    SKn = eC * (SK * rk[None, :]) + _mm(Ut, GKw, SMALL_PREC, INTERP)           # S_{n-1} k_j
-    SQn = eC * (SQ * rq[None, :]) + _mm(Ut, GQw, SMALL_PREC, INTERP)           # S_{n-1} q_j
+    SKn = eC * (SK * rk[None, :]) + mm(Ut, GKw, SMALL_PREC, INTERP)           # S_{n-1} k_j
+    SQn = eC * (SQ * rq[None, :]) + mm(Ut, GQw, SMALL_PREC, INTERP)           # S_{n-1} q_j
     R = bd[None, :] * (Vd - eD[None, :] * SKn)
-    Ud = _mm(R, inv, SMALL_PREC, INTERP)                                       # drafts' u [BV, BT]
-    O = eD[None, :] * SQn + _mm(Ud, Mq, SMALL_PREC, INTERP)
+    Ud = mm(R, inv, SMALL_PREC, INTERP)                                       # drafts' u [BV, BT]
+    O = eD[None, :] * SQn + mm(Ud, Mq, SMALL_PREC, INTERP)
     tl.store(o_ptr + b * sob + tt[None, :] * sot + h * soh + rows[:, None], _cast(O, o_ptr.dtype.element_ty, INTERP),
              mask=rmask[:, None] & tmask[None, :])
     pos = n + tt
@@ -1179,17 +1147,6 @@ def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):
     return _gdn_fold_kernel, (nt, Hv, rows), args, meta
 
 
-def _mma_precision(a: torch.dtype, b: torch.dtype) -> str:
-    """tl.dot precision exact per product for operands stored as dtypes a, b: "bf16" (bf16, or
-    fp8 e4m3 with bf16), "tf32" (bf16 / fp16 mixes fit tf32), else VERIFY_F32_PRECISION."""
-    small = (torch.bfloat16, torch.float8_e4m3fn)
-    if a in small and b in small:
-        return "bf16"
-    if a in small + (torch.float16,) and b in small + (torch.float16,):
-        return "tf32"
-    return VERIFY_F32_PRECISION
-
-
 def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
     batch, T, Hv, dv = v.shape
     Hk, dk = k.shape[2], k.shape[3]
@@ -1208,11 +1165,11 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     buf, dual = _buffer_args(rs)
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), rd, rd_sc, *buf, rs.cursor,
             *_strides(q, k, v, g, beta, o, dims=3), scale]
-    s_prec = cfg.get("S_PREC") or _mma_precision(rs.read_ckpt.data.dtype, k.dtype)
+    s_prec = cfg.get("S_PREC") or mma_precision(rs.read_ckpt.data.dtype, k.dtype, VERIFY_F32_PRECISION)
     meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
                         BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
                         BLOCK_T=max(16, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
-                        S_PREC=s_prec, K_PREC=_mma_precision(rs.k.dtype, k.dtype),
+                        S_PREC=s_prec, K_PREC=mma_precision(rs.k.dtype, k.dtype, VERIFY_F32_PRECISION),
                         EARLY_BUF=bool(cfg.get("EARLY_BUF", True)), SMALL_PREC=cfg.get("SMALL_PREC", "tf32x3"),
                         HEAD_LOOP=head_loop)
     return _gdn_verify_kernel, (nt, Hv, batch), args, meta

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .mma import mma_acc, mma_precision
 from .offline import signature
 
 # ----------------------------------------------------------------------------- launch configs
@@ -704,25 +705,15 @@ def _fold_kernel(
 # ----------------------------------------------------------------------------- verify (speculation)
 @triton.jit
 def _mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
-    """acc + a @ b -> float32 with tl.dot, exact per product where the operands allow.
-    PREC "bf16": both operands hold bf16 values (fp8 e4m3 values are exact in bf16); under
-    the interpreter (EXACT), which mis-evaluates bf16 dots, the same products in fp32.
-    "split3" / "split3b": b / a holds bf16 values and the other (fp32) operand is split into
-    three bf16 parts (24 significant bits): three exact-product MMAs (_outer_sum).
-    Otherwise tl.dot's input_precision ("tf32", "tf32x3", "bf16x3", "ieee") on fp32 operands."""
-    if PREC == "bf16":
-        if EXACT:
-            r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    elif PREC == "split3":
+    """acc + a @ b: triton.mma precisions, plus "split3" / "split3b": b / a holds bf16 values
+    and the other (fp32) operand is split into three bf16 parts (24 significant bits: three
+    exact-product MMAs, _outer_sum's bf16x3)."""
+    if PREC == "split3":
         r = acc + _outer_sum(tl.trans(a.to(tl.float32)), b, True, "bf16x3", EXACT)
-    elif PREC == "split3b":   # a holds bf16 values; b (fp32) split into three bf16 parts
+    elif PREC == "split3b":
         r = acc + tl.trans(_outer_sum(b.to(tl.float32), tl.trans(a), True, "bf16x3", EXACT))
-    elif EXACT:   # the interpreter computes every dot in fp32 and knows only some precisions
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+        r = mma_acc(a, b, acc, PREC, EXACT)
     return r
 
 
@@ -1143,23 +1134,11 @@ def commit(rs, A, accepted, state_indices=None):
     _run(plan_commit(rs, A, accepted, state_indices))
 
 
-def _mma_precision(a: torch.dtype, b: torch.dtype) -> str:
-    """tl.dot precision for an MMA of operands stored as dtypes a and b that is exact per
-    product: "bf16" when both are bf16 (or fp8, exact in bf16, with bf16), "tf32" when both
-    fit tf32 (bf16 / fp16 mixes), else VERIFY_F32_PRECISION."""
-    small = (torch.bfloat16, torch.float8_e4m3fn)
-    if a in small and b in small:
-        return "bf16"
-    if a in small + (torch.float16,) and b in small + (torch.float16,):
-        return "tf32"
-    return VERIFY_F32_PRECISION
-
-
 def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> str:
     """Precision of the verify MMA state tile x C. An fp32 tile feeding bf16 / fp16 outputs
     takes "bf16x3" (~2^-16 per product, 256x below the output's own rounding; ~10 % faster than
     "tf32x3" on the H200); fp32 outputs keep VERIFY_F32_PRECISION."""
-    p = _mma_precision(rd, c)
+    p = mma_precision(rd, c, VERIFY_F32_PRECISION)
     if p == VERIFY_F32_PRECISION and y in (torch.bfloat16, torch.float16):
         return "bf16x3"
     return p
@@ -1198,7 +1177,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         T=T, BLOCK_T=max(16, _np2(T)), BLOCK_P=block_p, BLOCK_N=max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N))),
         BLOCK_L=block_l,
         HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has,
-        S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)), BC_PREC=_mma_precision(rs.B.dtype, C.dtype),
+        S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)), BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
         EARLY_BUF=bool(early_buf), EXACT=_interpreting(),
         num_warps=ov.get("warps", warps))

@@ -360,7 +360,10 @@ def test_kernels_compile_for_hopper_without_spills():
     use = json.loads(r.stdout.strip().splitlines()[-1])
     for name, u in use.items():
         assert u["local"] == 0 and u["stack"] == 0, f"{name} spills: {u}"
-        assert u["regs"] <= 192, f"{name}: {u['regs']} registers/thread (occupancy)"
+        # verify: the H200-measured fastest launch (64 rows / 2 warps, tools/tune_spec.py) holds
+        # ~250 registers, i.e. 4 programs per SM; the streaming kernels need <= 192 for occupancy
+        limit = 255 if name.startswith("verify") else 192
+        assert u["regs"] <= limit, f"{name}: {u['regs']} registers/thread (occupancy)"
 
 
 # ----------------------------------------------------------------------------- CUDA only
