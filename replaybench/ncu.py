@@ -92,7 +92,7 @@ def _child(case_json: str) -> None:
     case = Case(**json.loads(case_json))
     model = get_model(case.model)
     device = case.device or "cuda"
-    if case.method in ("spec-replay", "spec-perdraft"):   # verify + commit rounds: runners/spec.py
+    if case.method in ("spec-replay", "spec-replay-dual", "spec-perdraft"):   # verify + commit: runners/spec.py
         from .runners.spec import profile_rounds
         return profile_rounds(case, device, _steps(case))
     gen = torch.Generator().manual_seed(case.seed)

@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 from . import memory  # noqa: E402
 from .accept import mean_accepted  # noqa: E402
 
-SPEC_METHODS = ("spec-replay", "spec-perdraft", "vllm-spec")
+SPEC_METHODS = ("spec-replay", "spec-replay-dual", "spec-perdraft", "vllm-spec")
 BASELINE = "spec-perdraft"
 GOAL = 3.0            # issue 4: spec-replay / spec-perdraft >= 3x at T = 4
 SPEC_COLS = ["model", "method", "backend", "batch", "spec_window", "accept", "state_dtype", "median_us",
@@ -98,8 +98,8 @@ def fig_spec_speedup(st: pd.DataFrame, out_dir: Path, title_suffix: str = "") ->
         for (method, backend, T, acc), g in s.groupby(["method", "backend", "spec_window", "accept"], dropna=False):
             g = g.sort_values("batch")
             c = cmap(windows.index(T) / max(len(windows) - 1, 1) * 0.85)
-            ax.plot(g["batch"], g["vs_perdraft"], marker="o" if method == "spec-replay" else "^",
-                    linestyle="-" if method == "spec-replay" else ":", color=c,
+            style = {"spec-replay": ("o", "-"), "spec-replay-dual": ("s", "--")}.get(method, ("^", ":"))
+            ax.plot(g["batch"], g["vs_perdraft"], marker=style[0], linestyle=style[1], color=c,
                     label=f"{method}/{backend} T={T} ({acc})")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.axhline(GOAL, color="#d62728", linewidth=0.8, linestyle="--", label=f"goal {GOAL:g}× (T=4)")

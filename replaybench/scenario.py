@@ -54,13 +54,14 @@ METHODS: dict[str, MethodSpec] = {m.name: m for m in [
     MethodSpec("replay-dual", buffer=True, lo=True, needs_fp32_state=True),
     MethodSpec("replay-shared-low", buffer=True, lo=True, shared_low=True),
     MethodSpec("spec-replay", buffer=True, spec=True),
+    MethodSpec("spec-replay-dual", buffer=True, spec=True, lo=True, needs_fp32_state=True),
     MethodSpec("spec-perdraft", spec=True),           # 1 + T state slots per request, no buffer
     MethodSpec("vllm-eager", vllm=True),
     MethodSpec("vllm-spec", vllm=True, spec=True),
 ]}
 
 #: methods whose rows are compared against eager in speedup figures
-REPLAY_FAMILY = ("replay", "replay-dual", "replay-shared-low", "spec-replay", "spec-perdraft")
+REPLAY_FAMILY = ("replay", "replay-dual", "replay-shared-low", "spec-replay", "spec-replay-dual", "spec-perdraft")
 
 BACKENDS = ("reference", "triton", "vllm")
 STATE_DTYPES = ("float32", "bfloat16", "float16", "float64")   # float64: reference only

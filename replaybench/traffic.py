@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "none": 0}
 REPLAY_METHODS = ("replay", "replay-dual", "replay-shared-low")
+SPEC_REPLAY_METHODS = ("spec-replay", "spec-replay-dual")
+SPEC_METHODS = SPEC_REPLAY_METHODS + ("spec-perdraft", "vllm-spec")
 EAGER_METHODS = ("eager", "vllm-eager")
 
 
@@ -76,7 +78,7 @@ def _state_bytes(elems: int, rows: int, dtype: str) -> float:
 
 def precision_copies(method: str, state_dtype: str, lo_dtype: str) -> tuple[str, str | None]:
     """(high/only copy dtype, low copy dtype or None) for a method."""
-    if method == "replay-dual":
+    if method in ("replay-dual", "spec-replay-dual"):
         return state_dtype, lo_dtype
     if method == "replay-shared-low":
         return lo_dtype, None
@@ -103,7 +105,7 @@ def gdn_layer_bytes(num_k_heads, num_v_heads, head_k_dim, head_v_dim, method="ea
     elems, rows = Hv * dv * dk, Hv * dv
     hi, lo = precision_copies(method, state_dtype, lo_dtype)
     row = Hv * dv * 4 + Hk * dk * act_bytes + Hv * 4
-    if method == "replay-dual":
+    if method in ("replay-dual", "spec-replay-dual"):
         row += Hv * dv * act_bytes + Hv * 4
     return LayerBytes(state_hi=_state_bytes(elems, rows, hi), state_lo=_state_bytes(elems, rows, lo) if lo else 0,
                       row=row, io_in=2 * Hk * dk * act_bytes + Hv * dv * act_bytes + 2 * Hv * 4,
@@ -226,13 +228,13 @@ def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
         return eager_traffic(lb, case.batch)
     if case.method in REPLAY_METHODS:
         return replay_traffic(lb, case.batch, case.flush_period)
-    if case.method in ("spec-replay", "spec-perdraft", "vllm-spec"):
+    if case.method in SPEC_METHODS:
         if accepted is None:   # the case's acceptance model (replaybench.accept)
             from .accept import DEFAULT, accept_pmf
             acc = getattr(case, "accept", "none")
             accepted = accept_pmf(DEFAULT if acc in (None, "", "none") else acc, case.spec_window)
         return spec_traffic(lb, case.batch, case.flush_period, case.spec_window, accepted,
-                            perdraft=case.method != "spec-replay")
+                            perdraft=case.method not in SPEC_REPLAY_METHODS)
     raise ValueError(f"no traffic model for method {case.method!r}")
 
 

@@ -21,11 +21,9 @@ In order (no new measurement starts after --deadline seconds; rows print as they
            (the two big models first, so a short run still covers both families);
        p1  dual bf16 (fp32 checkpoint + bf16 read copy) at Super and Qwen3.5-122B, batch 256,
            T = 4, the variants without their state-tile precision (s_prec / S_PREC: the
-           read copy is bf16, its exact MMA is "bf16"; equal ones once): the scenario axes have no dual spec-replay, so this script swaps the spec
-           runner's ReplaySpecLayer for one built with mode "dual" while it runs (the Triton
-           kernels and the reference both read rs.read_ckpt = the bf16 copy; the check is the
-           same), and models its bytes as replay-dual (replaybench.traffic); the baselines of
-           the fp32 case at the same model, batch and T are the ratios' denominators;
+           read copy is bf16, its exact MMA is "bf16"; equal ones once), method
+           spec-replay-dual; the baselines of the fp32 case at the same model, batch and T are
+           the ratios' denominators;
        p2  T = 4, batch 32, fp32 state: Super and Qwen3.5-122B.
      Per case: spec-perdraft, vllm-spec, then the variants. K = 16, L = K + T and the default
      acceptance (fixed floor(T/2)) as scenarios/h200-spec.toml.
@@ -56,7 +54,6 @@ usage:  python3 tools/tune_spec.py [--deadline 420] [--models super,q122b,nano,q
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import dataclasses
 import os
@@ -209,32 +206,6 @@ def clear_variants() -> None:
             pass
 
 
-# ----------------------------------------------------------------------------- dual spec layers
-@contextlib.contextmanager
-def spec_layers(lo: str):
-    """While active, the spec runner's ReplaySpecLayer builds dual-precision states (fp32
-    checkpoint + `lo` read copy; lo 'none': unchanged). _Spec looks the class up as a module
-    global, so check_spec (ours and the reference) and run() both get it."""
-    from replaybench.runners import spec as sp
-    if lo == "none":
-        yield
-        return
-    from replaybench.runners.kernel import Layer
-    base = sp.ReplaySpecLayer
-
-    class DualSpecLayer(base):
-        def __init__(self, op, dims, backend, batch, buffer_len, flush_period, state_dtype, device, gen):
-            self.op, self.backend = op, backend
-            self.rs = Layer(op, dims, "replay-dual", backend, batch, buffer_len, flush_period, "float32", lo,
-                            device, gen).rs
-
-    sp.ReplaySpecLayer = DualSpecLayer
-    try:
-        yield
-    finally:
-        sp.ReplaySpecLayer = base
-
-
 # ----------------------------------------------------------------------------- cases
 def mk_case(model: str, method: str, batch: int, T: int, K_: int, lo: str = "none", device: str = ""):
     """A replaybench.scenario.Case as the sweep builds it for scenarios/h200-spec.toml
@@ -242,7 +213,9 @@ def mk_case(model: str, method: str, batch: int, T: int, K_: int, lo: str = "non
     from replaybench.accept import DEFAULT, resolve_accept
     from replaybench.models import get_model
     from replaybench.scenario import Case, make_case_id
-    L, KK = (K_ + T, K_) if method == "spec-replay" else (0, 0)
+    if method == "spec-replay" and lo != "none":
+        method = "spec-replay-dual"
+    L, KK = (K_ + T, K_) if method.startswith("spec-replay") else (0, 0)
     backend = "vllm" if method == "vllm-spec" else "triton"
     acc = resolve_accept(DEFAULT, T)
     return Case(case_id=make_case_id(model, method, backend, batch, L, KK, T, "float32", lo, 0, acc), runner="kernel",
@@ -316,17 +289,6 @@ def copy_ceiling(dev: str) -> float:
     if dev == "cuda":
         torch.cuda.empty_cache()
     return 2 * n * 4 / ts[len(ts) // 2] / 1e9
-
-
-def dual_bytes(case, model) -> float:
-    """Modelled bytes of one spec-replay round with a dual checkpoint (fp32 + case.lo_dtype):
-    replay-dual's layer bytes (read copy, both written at a flush, GDN's extra v/beta rows)
-    through spec_traffic with the case's acceptance model."""
-    from replaybench.accept import accept_pmf
-    from replaybench.traffic import layer_bytes_for, spec_traffic
-    lb = layer_bytes_for(model.op, model.ssm, "replay-dual", "float32", case.lo_dtype)
-    return spec_traffic(lb, case.batch, case.flush_period, case.spec_window, accept_pmf(case.accept, case.spec_window),
-                        perdraft=False).total_bytes
 
 
 def launch_desc(case, model) -> str:
@@ -414,8 +376,7 @@ def _warm_job(job) -> str:
             interpreter_bf16x3()
         apply_variant(op, ov)
         c = dataclasses.replace(case, batch=2, device=dev)
-        with spec_layers(case.lo_dtype):
-            check_spec(c, model, dev, rounds=2)
+        check_spec(c, model, dev, rounds=2)
         return ""
     except Exception as e:  # noqa: BLE001 - the main process runs it again and reports
         return f"{SHORT.get(case.model, case.model)} {case.method} {case.lo_dtype} {vname}: {short_err(e)}"
@@ -509,7 +470,7 @@ def measure_one(case, op, vname, ov, ctx, args, out: Output) -> bool:
                 x_perdraft=float("nan"), x_vllm=float("nan"), copy_gbps=args.copy, error="")
     t0 = time.time()
     try:
-        if case.method == "spec-replay":
+        if case.method.startswith("spec-replay"):
             seen = LAUNCHES.setdefault(case.case_id, {})
             if not seen:
                 apply_variant(op, {})
@@ -526,8 +487,7 @@ def measure_one(case, op, vname, ov, ctx, args, out: Output) -> bool:
             if first != vname and not base["launch"].startswith("?"):
                 note(f"SAME LAUNCH: {short} b{case.batch} {base['state']}: variant {vname} resolves to the launch of "
                      f"{first} ({base['launch']}){'; tiny dims clamp the blocks' if model.tiny else ''}")
-            with spec_layers(case.lo_dtype):
-                m = sp.run(case, ctx)
+            m = sp.run(case, ctx)
         elif case.method == "spec-perdraft":
             clear_variants()
             m = sp.run(case, ctx)
@@ -555,7 +515,7 @@ def measure_one(case, op, vname, ov, ctx, args, out: Output) -> bool:
         if args.dev == "cuda":
             torch.cuda.empty_cache()
     us = m["median_us"]
-    nbytes = dual_bytes(case, model) if case.method == "spec-replay" and case.lo_dtype != "none" else m["bytes_model"]
+    nbytes = m["bytes_model"]
     gbps = nbytes / us * 1e-3
     if case.method in ("spec-perdraft", "vllm-spec"):
         BASE[key + (case.method,)] = us
@@ -577,7 +537,7 @@ def summary() -> None:
           "same model, batch, T, this run; 'vs default': default us / best us)", flush=True)
     cases: dict = {}
     for r in ok:
-        if r["method"] == "spec-replay":
+        if r["method"].startswith("spec-replay"):
             cases.setdefault((r["model"], r["batch"], r["T"], r["state"]), []).append(r)
     print(HEADER + f" {'vs default':>10} {'default us':>10}", flush=True)
     for k, rs in cases.items():
@@ -660,7 +620,7 @@ def main() -> int:
         if args.dev == "cuda":
             precompile(jobs, args.workers, timeout=max(10.0, args.deadline / 3))
         else:   # the smoke run checks the worker path on two jobs
-            precompile([j for j in jobs if j[0].method == "spec-replay"][:2], min(args.workers, 2), timeout=120.0)
+            precompile([j for j in jobs if j[0].method.startswith("spec-replay")][:2], min(args.workers, 2), timeout=120.0)
 
     out = Output(csv_path)
     print(HEADER, flush=True)

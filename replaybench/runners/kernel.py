@@ -28,7 +28,8 @@ from . import SkipCase
 STATE_TARGET_BYTES = 1 << 30      # all layers' state together: ~18x the H200's 60 MB L2
 MAX_LAYERS = 64
 CHECK_TOL = {"float8_e4m3": 0.1, "bfloat16": 3e-2, "float16": 3e-2, "float32": 3e-2}
-MODE_OF = {"replay": "replay", "replay-dual": "dual", "replay-shared-low": "shared-low", "spec-replay": "replay"}
+MODE_OF = {"replay": "replay", "replay-dual": "dual", "replay-shared-low": "shared-low", "spec-replay": "replay",
+           "spec-replay-dual": "dual"}
 
 
 def _ops(op: str, backend: str):
@@ -163,7 +164,7 @@ def layers_for(state_bytes_per_layer: float, device: str) -> int:
 
 
 def run(case, ctx) -> dict:
-    if case.method in ("spec-replay", "spec-perdraft"):   # speculative rounds: see runners/spec.py
+    if case.method in ("spec-replay", "spec-replay-dual", "spec-perdraft"):   # speculative rounds: runners/spec.py
         from . import spec
         return spec.run(case, ctx)
     if case.backend == "vllm":          # vLLM's own kernels: see runners/peers.py

@@ -30,7 +30,7 @@ from ..traffic import step_traffic
 from . import SkipCase
 from .kernel import CHECK_TOL, MODE_OF, _rel, layers_for
 
-METHODS = ("eager",) + tuple(m for m in MODE_OF if m != "spec-replay")
+METHODS = ("eager",) + tuple(m for m in MODE_OF if not m.startswith("spec-"))
 
 
 def make_layer(case, model, device, backend: str | None = None, batch: int | None = None, seed: int = 0,

@@ -3,6 +3,8 @@
     spec-replay     ReplaySSM: verify T tokens from checkpoint + buffer (no per-draft state),
                     commit m of them (a cursor move; a flush where the cursor passes K)
                     -> replayssm.mamba2 / replayssm.gdn verify + commit
+    spec-replay-dual  the same with a dual-precision checkpoint: outputs from the low copy (lo_dtype),
+                    flushes fold into the fp32 high copy and refresh the low one
     spec-perdraft   the per-draft baseline (vLLM's speculative path, our kernels): eager over the
                     T tokens, the full state written after every token into 1 + T slots per
                     request; commit m moves the start slot -> replayssm.perdraft
@@ -36,7 +38,8 @@ from ..traffic import step_traffic
 from . import SkipCase
 from .kernel import CHECK_TOL, Layer, _device_gen, _rel, _state_geometry, layers_for
 
-METHODS = ("spec-replay", "spec-perdraft")
+METHODS = ("spec-replay", "spec-replay-dual", "spec-perdraft")
+REPLAY_METHODS = ("spec-replay", "spec-replay-dual")
 MIN_ROUNDS = 8          # rounds per sample on a GPU: max(K, MIN_ROUNDS); on a CPU max(K, 2)
 
 
@@ -54,9 +57,10 @@ class ReplaySpecLayer:
     """One layer's ReplaySSM state (kernel.Layer: random checkpoint and buffer, staggered
     cursors); a round is verify + commit."""
 
-    def __init__(self, op, dims, backend, batch, buffer_len, flush_period, state_dtype, device, gen):
+    def __init__(self, op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype, device,
+                 gen):
         self.op, self.backend = op, backend
-        self.rs = Layer(op, dims, "spec-replay", backend, batch, buffer_len, flush_period, state_dtype, "none",
+        self.rs = Layer(op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype,
                         device, gen).rs
 
     def round(self, inp, params, idx, accepted, out=None, counter: ByteCounter | None = None):
@@ -104,9 +108,9 @@ class _Spec:
     def __init__(self, case, model, backend, batch, device, nl, gen):
         self.method, self.T, self.device = case.method, case.spec_window, device
         op, dims = model.op, model.ssm
-        if case.method == "spec-replay":
-            self.layers = [ReplaySpecLayer(op, dims, backend, batch, case.buffer_len, case.flush_period,
-                                           case.state_dtype, device, gen) for _ in range(nl)]
+        if case.method in REPLAY_METHODS:
+            self.layers = [ReplaySpecLayer(op, dims, case.method, backend, batch, case.buffer_len, case.flush_period,
+                                           case.state_dtype, case.lo_dtype, device, gen) for _ in range(nl)]
         else:
             self.layers = [PerdraftSpecLayer(op, dims, backend, batch, self.T, case.state_dtype, device, gen)
                            for _ in range(nl)]
@@ -123,7 +127,7 @@ class _Spec:
     def round(self, inp, params, accepted, out=None, counter=None, layers=None):
         y = None
         for layer in (layers or self.layers):
-            if self.method == "spec-replay":
+            if self.method in REPLAY_METHODS:
                 y = layer.round(inp, params, self.idx, accepted, out, counter)
             else:
                 y = layer.round(inp, params, self.tbl, self.start, out, counter)
@@ -144,7 +148,7 @@ def check_spec(case, model, device, rounds: int | None = None) -> float:
     ours.pad_last()
     ref.pad_last()
     if rounds is None:
-        rounds = (2 if device.startswith("cuda") else 1) * -(-2 * K // T) + 1 if case.method == "spec-replay" else 3
+        rounds = (2 if device.startswith("cuda") else 1) * -(-2 * K // T) + 1 if case.method in REPLAY_METHODS else 3
     acc = torch.as_tensor(draw_accepted("uniform", T, b, rounds, case.seed + 3), device=device)
     worst = 0.0
     for r in range(rounds):
@@ -156,7 +160,7 @@ def check_spec(case, model, device, rounds: int | None = None) -> float:
         if b > 1 and not torch.all(y_ours[-1] == 0):
             raise AssertionError("padded row produced a non-zero output")
         worst = max(worst, _rel(y_ours, y_ref))
-    tol = CHECK_TOL.get(case.state_dtype, 3e-2)
+    tol = CHECK_TOL.get(case.lo_dtype if case.lo_dtype != "none" else case.state_dtype, 3e-2)
     if worst > tol:
         raise AssertionError(f"output differs from the reference: rel err {worst:.3g} > {tol}")
     return worst
@@ -176,7 +180,8 @@ def run(case, ctx) -> dict:
     check = float("nan") if case.backend == "reference" else check_spec(case, model, device)
 
     # layers: all their state together >= the kernel runner's target (HBM, not L2)
-    st_b, buf_b, _ = layer_memory(model, case.method, T, max(case.buffer_len, 1), case.state_dtype)
+    st_b, buf_b, _ = layer_memory(model, case.method, T, max(case.buffer_len, 1), case.state_dtype,
+                                  case.lo_dtype if case.lo_dtype != "none" else "bfloat16")
     nl = layers_for(B * (st_b + buf_b), device)
     gen = torch.Generator().manual_seed(case.seed)
     spec = _Spec(case, model, case.backend, B, device, nl, gen)

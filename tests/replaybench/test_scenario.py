@@ -108,6 +108,30 @@ def test_dual_and_shared_low(write_scenario):
     assert all(c.state_dtype == c.lo_dtype for c in shared) and len(shared) == 3
 
 
+def test_dual_speculative_replay(write_scenario):
+    sc = load(write_scenario, """
+        [[sweep]]
+        model = "tiny-gdn"
+        method = ["spec-replay", "spec-replay-dual"]
+        buffer_len = 12
+        flush_period = 8
+        spec_window = [2, 4]
+        state_dtype = "float32"
+        lo_dtype = ["bfloat16", "float8_e4m3"]
+    """)
+    dual = [c for c in sc.cases if c.method == "spec-replay-dual"]
+    plain = [c for c in sc.cases if c.method == "spec-replay"]
+    assert sorted((c.spec_window, c.lo_dtype) for c in dual) == [(2, "bfloat16"), (2, "float8_e4m3"),
+                                                                  (4, "bfloat16"), (4, "float8_e4m3")]
+    assert len(plain) == 2 and all(c.lo_dtype == "none" for c in plain)
+    with pytest.raises(ScenarioError, match="lo_dtype"):
+        load(write_scenario, '[[sweep]]\nmodel="tiny-gdn"\nmethod="spec-replay-dual"\nspec_window=2\n'
+                             'buffer_len=12\nflush_period=8\nlo_dtype="none"\n')
+    with pytest.raises(ScenarioError, match="float32"):
+        load(write_scenario, '[[sweep]]\nmodel="tiny-gdn"\nmethod="spec-replay-dual"\nspec_window=2\n'
+                             'buffer_len=12\nflush_period=8\nstate_dtype="bfloat16"\nlo_dtype="bfloat16"\n')
+
+
 def test_shared_low_collapses_state_axis(write_scenario):
     sc = load(write_scenario, """
         [[sweep]]
@@ -331,7 +355,7 @@ def test_entry_point_runner_accepted():
 
 def test_all_methods_known():
     assert set(METHODS) == {"eager", "replay", "replay-dual", "replay-shared-low", "spec-replay",
-                            "spec-perdraft", "vllm-eager", "vllm-spec"}
+                            "spec-replay-dual", "spec-perdraft", "vllm-eager", "vllm-spec"}
 
 
 # ----------------------------------------------------------------------------- speculative: accept axis
@@ -381,11 +405,12 @@ def test_spec_scenarios_load():
     assert {c.model for c in smoke.cases} == {"tiny-mamba2", "tiny-gdn"}
     assert {c.backend for c in smoke.cases} == {"reference", "triton"} and len(smoke.cases) <= 24
     h200 = load_scenario(REPO / "scenarios" / "h200-spec.toml")
-    assert len(h200.cases) <= 85
+    assert len(h200.cases) <= 96
     assert {c.spec_window for c in h200.cases} == {2, 4, 6} and {c.batch for c in h200.cases} == {128, 256, 512}
-    assert {c.method for c in h200.cases} == {"spec-replay", "spec-perdraft", "vllm-spec"}
+    assert {c.method for c in h200.cases} == {"spec-replay", "spec-replay-dual", "spec-perdraft", "vllm-spec"}
     assert all(c.buffer_len == 16 + c.spec_window and c.flush_period == 16
-               for c in h200.cases if c.method == "spec-replay")
+               for c in h200.cases if c.method.startswith("spec-replay"))
+    assert {(c.spec_window, c.lo_dtype) for c in h200.cases if c.method == "spec-replay-dual"} == {(4, "bfloat16")}
     assert all(c.state_dtype == "float32" and c.accept == f"fixed:{c.spec_window // 2}" for c in h200.cases)
     from replaybench.models import STUDY_MODELS
     assert {c.model for c in h200.cases} == set(STUDY_MODELS)

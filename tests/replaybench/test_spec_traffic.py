@@ -48,27 +48,29 @@ def test_cursor_stats_match_simulation(acc):
     assert folded / n == pytest.approx(fo, rel=0.03)
 
 
-def _replay_rounds(family, m, K=4, T=2, rounds=12):
+def _replay_rounds(family, m, K=4, T=2, rounds=12, lo=None):
     """batch = K sequences with cursors staggered 0..K-1, fixed accepted m; counts bytes over
-    `rounds` rounds after a warm-up that puts every sequence on its cycle."""
+    `rounds` rounds after a warm-up that puts every sequence on its cycle. lo: dual mode with
+    that low-copy dtype (method spec-replay-dual)."""
+    mode, method = ("dual", "spec-replay-dual") if lo else ("replay", "spec-replay")
     gen = torch.Generator().manual_seed(2)
     L, b = K + T, K
     cnt = ByteCounter()
     if family == "mamba2":
-        rs = Mamba2ReplayState.allocate(b, 4, 8, 16, 2, L, K, counter=cnt)
+        rs = Mamba2ReplayState.allocate(b, 4, 8, 16, 2, L, K, mode=mode, lo_dtype=lo, counter=cnt)
         p = mamba2_params(M2, gen=gen)
 
         def rnd(acc):
             R.mamba2_verify(rs, **mamba2_step_inputs(M2, b, T, gen=gen), **p)
             R.mamba2_commit(rs, p["A"], acc)
-        lb = TR.mamba2_layer_bytes(4, 8, 16, 2, "spec-replay", "float32")
+        lb = TR.mamba2_layer_bytes(4, 8, 16, 2, method, "float32", lo or "none")
     else:
-        rs = GDNReplayState.allocate(b, 2, 4, 16, 8, L, K, counter=cnt)
+        rs = GDNReplayState.allocate(b, 2, 4, 16, 8, L, K, mode=mode, lo_dtype=lo, counter=cnt)
 
         def rnd(acc):
             R.gdn_verify(rs, **gdn_step_inputs(GD, b, T, gen=gen))
             R.gdn_commit(rs, acc)
-        lb = TR.gdn_layer_bytes(2, 4, 16, 8, "spec-replay", "float32")
+        lb = TR.gdn_layer_bytes(2, 4, 16, 8, method, "float32", lo or "none")
     rs.cursor.copy_(torch.arange(b, dtype=torch.int32))
     acc = torch.full((b,), m, dtype=torch.int32)
     for _ in range(K):
@@ -80,10 +82,10 @@ def _replay_rounds(family, m, K=4, T=2, rounds=12):
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
-@pytest.mark.parametrize("m", [0, 1, 2])
-def test_spec_replay_model_matches_byte_accounting(family, m):
+@pytest.mark.parametrize("m,lo", [(0, None), (1, None), (2, None), (1, "bfloat16"), (2, "float8_e4m3")])
+def test_spec_replay_model_matches_byte_accounting(family, m, lo):
     K, T, rounds = 4, 2, 12               # 12 rounds: a whole number of cycles (1, 4 or 2 rounds)
-    cnt, lb, rs = _replay_rounds(family, m, K, T, rounds)
+    cnt, lb, rs = _replay_rounds(family, m, K, T, rounds, lo)
     model = TR.spec_traffic(lb, K, K, T, [1.0 if k == m else 0.0 for k in range(T + 1)], perdraft=False)
     assert lb.row == rs.buffer_row_bytes()
     assert cnt.ckpt_read / rounds == pytest.approx(model.parts["state_read"])

@@ -15,12 +15,12 @@ TIMING = TimingConfig(warmup=0, min_samples=1, max_samples=1, max_time_s=0.01, r
 CTX = RunContext(device="cpu", timing=TIMING)
 
 
-def case(model, method, backend="reference", batch=4, T=2, K=4, accept="fixed:1", state="float32"):
+def case(model, method, backend="reference", batch=4, T=2, K=4, accept="fixed:1", state="float32", lo="none"):
     m = get_model(model)
-    L, K = (K + T, K) if method == "spec-replay" else (0, 0)
-    return Case(case_id=make_case_id(model, method, backend, batch, L, K, T, state, "none", 0, accept), runner="kernel",
+    L, K = (K + T, K) if method.startswith("spec-replay") else (0, 0)
+    return Case(case_id=make_case_id(model, method, backend, batch, L, K, T, state, lo, 0, accept), runner="kernel",
                 model=model, op=m.op, method=method, backend=backend, batch=batch, buffer_len=L, flush_period=K,
-                spec_window=T, state_dtype=state, lo_dtype="none", device="cpu", accept=accept)
+                spec_window=T, state_dtype=state, lo_dtype=lo, device="cpu", accept=accept)
 
 
 @pytest.mark.parametrize("model", ["tiny-mamba2", "tiny-gdn"])
@@ -74,3 +74,20 @@ def test_skips():
                                                                      "method": "replay"}), CTX)
     with pytest.raises(SkipCase, match="backend"):
         spec_runner.run(Case(**{**case("tiny-gdn", "spec-perdraft").params(), "backend": "vllm"}), CTX)
+
+
+@pytest.mark.parametrize("model", ["tiny-mamba2", "tiny-gdn"])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_dual_spec_replay(model, backend):
+    """spec-replay-dual: the runner builds dual states (fp32 + bf16 low copy) for ours and the
+    reference, checks, times, and its bytes follow the dual traffic model (the read copy is
+    bf16: fewer bytes than spec-replay's fp32 checkpoint)."""
+    kw = dict(batch=4 if backend == "reference" else 2, T=2, K=2 if backend == "triton" else 4, accept="fixed:1")
+    d = spec_runner.run(case(model, "spec-replay-dual", backend, lo="bfloat16", **kw), CTX)
+    r = spec_runner.run(case(model, "spec-replay", backend, **kw), CTX)
+    assert d["median_us"] > 0 and d["bytes_model"] < r["bytes_model"]
+    assert d["ssm_bytes_per_request_layer"] > r["ssm_bytes_per_request_layer"]   # two checkpoint copies
+    if backend == "reference":
+        assert d["counted_vs_model"] == pytest.approx(1.0, rel=0.02)
+    else:
+        assert d["check_rel_err"] < 3e-2
