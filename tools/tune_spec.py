@@ -108,6 +108,11 @@ GDN_VARIANTS: dict[str, dict] = {
     "hl-bv32w2": dict(BLOCK_V=32, num_warps=2, HEAD_LOOP=True),
     "hl-bv128w8": dict(BLOCK_V=128, num_warps=8, HEAD_LOOP=True),
     "bv32w2-late": dict(BLOCK_V=32, num_warps=2, EARLY_BUF=False),
+    # per-head coefficients from a pre-pass launch (PREPASS): the main kernel only streams the state
+    "pp-bv64w2": dict(BLOCK_V=64, num_warps=2, PREPASS=True),
+    "pp-bv32w2": dict(BLOCK_V=32, num_warps=2, PREPASS=True),
+    "pp-bv64w4": dict(BLOCK_V=64, num_warps=4, PREPASS=True),
+    "pp-bv128w4": dict(BLOCK_V=128, num_warps=4, PREPASS=True),
 }
 GDN_ALIASES = {"block_v": "BLOCK_V", "warps": "num_warps"}
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)

@@ -888,16 +888,100 @@ def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr,
 
 
 @triton.jit
+def _coef_offsets(T: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Offsets of the parts of one (sequence, head) coefficient record (fp32, compact: T real
+    columns): GKw, GQw [BLOCK_L, T]; inv, Mq [T, T]; rk, rq, eD, bd [T]; eC."""
+    o_gq: tl.constexpr = BLOCK_L * T
+    o_inv: tl.constexpr = 2 * BLOCK_L * T
+    o_mq: tl.constexpr = o_inv + T * T
+    o_vec: tl.constexpr = o_mq + T * T
+    return o_gq, o_inv, o_mq, o_vec
+
+
+@triton.jit
+def _gdn_verify_coef_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, idx_ptr, kb_ptr, gb_ptr, cur_ptr, coef_ptr,
+    sqb, sqt, sqh, skb, skt, skh, sgb, sgt, sgh, sbb, sbt, sbh,
+    scale,
+    T: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, L: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, REC: tl.constexpr,
+    K_PREC: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+):
+    """Pre-pass of the PREPASS verify route, one program per (value head h, sequence b): the
+    per-head coefficients of the draft solve (_verify_coefs), stored compactly (T real
+    columns) at coef[(b * HV + h) * REC]. Reads the drafts' k, q, g, beta and the committed
+    buffer keys and g; writes nothing else."""
+    h = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    kh = h // (HV // HK)
+    tt = tl.arange(0, BLOCK_T)
+    tmask = tt < T
+    ll = tl.arange(0, BLOCK_L)
+    slot = tl.load(idx_ptr + b)
+    live = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    ltm = tmask & live
+    ent = slot64 * L + ll
+    n = tl.load(cur_ptr + slot64, mask=live, other=0)
+    lm = (ll < n) & live
+    _, _, GK, GQ, KK, KQ, nk, nq, nkb = _verify_dk_loop(
+        coef_ptr, ll, lm, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
+        BLOCK_L, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, False, True, K_PREC, K_PREC, INTERP)
+    gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
+    bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
+    gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
+    rk, rq, GKw, GQw, eC, eD, inv, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale,
+                                                      EPS, BLOCK_T, SMALL_PREC, INTERP)
+    o_gq, o_inv, o_mq, o_vec = _coef_offsets(T, BLOCK_L)
+    base = coef_ptr + (b * HV + h) * REC
+    lt = ll[:, None] * T + tt[None, :]
+    ltmask = tmask[None, :] & (ll < BLOCK_L)[:, None]
+    tl.store(base + lt, GKw, mask=ltmask)
+    tl.store(base + o_gq + lt, GQw, mask=ltmask)
+    tti = tt[:, None] * T + tt[None, :]
+    ttmask = tmask[:, None] & tmask[None, :]
+    tl.store(base + o_inv + tti, inv, mask=ttmask)
+    tl.store(base + o_mq + tti, Mq, mask=ttmask)
+    tl.store(base + o_vec + tt, rk, mask=tmask)
+    tl.store(base + o_vec + T + tt, rq, mask=tmask)
+    tl.store(base + o_vec + 2 * T + tt, eD, mask=tmask)
+    tl.store(base + o_vec + 3 * T + tt, bd, mask=tmask)
+    tl.store(base + o_vec + 4 * T, eC)
+
+
+@triton.jit
+def _load_coefs(coef_ptr, b, h, ll, tt, tmask, T: tl.constexpr, HV: tl.constexpr, REC: tl.constexpr,
+                BLOCK_L: tl.constexpr):
+    """The pre-pass's record of (b, h) as padded tiles (0 past T)."""
+    o_gq, o_inv, o_mq, o_vec = _coef_offsets(T, BLOCK_L)
+    base = coef_ptr + (b * HV + h) * REC
+    lt = ll[:, None] * T + tt[None, :]
+    ltmask = tmask[None, :] & (ll < BLOCK_L)[:, None]
+    GKw = tl.load(base + lt, mask=ltmask, other=0.0)
+    GQw = tl.load(base + o_gq + lt, mask=ltmask, other=0.0)
+    tti = tt[:, None] * T + tt[None, :]
+    ttmask = tmask[:, None] & tmask[None, :]
+    inv = tl.load(base + o_inv + tti, mask=ttmask, other=0.0)
+    Mq = tl.load(base + o_mq + tti, mask=ttmask, other=0.0)
+    rk = tl.load(base + o_vec + tt, mask=tmask, other=0.0)
+    rq = tl.load(base + o_vec + T + tt, mask=tmask, other=0.0)
+    eD = tl.load(base + o_vec + 2 * T + tt, mask=tmask, other=0.0)
+    bd = tl.load(base + o_vec + 3 * T + tt, mask=tmask, other=0.0)
+    eC = tl.load(base + o_vec + 4 * T)
+    return rk, rq, GKw, GQw, eC, eD, inv, Mq, bd
+
+
+@triton.jit
 def _gdn_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, coef_ptr,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sgh, sbb, sbt, sbh, sob, sot, soh,
     scale,
     T: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
     RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
-    EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, HEAD_LOOP: tl.constexpr, INTERP: tl.constexpr,
-    EPS: tl.constexpr,
+    EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, HEAD_LOOP: tl.constexpr, PREPASS: tl.constexpr,
+    REC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
 ):
     """All T draft outputs for [BLOCK_V, dk] state tiles from the read checkpoint and the
     buffer, in matrix form (drafts j as columns; every tile dim >= 16 for tl.dot).
@@ -915,7 +999,9 @@ def _gdn_verify_kernel(
     Grid (row tiles, Hv, batch): one tile per program, its dk loop computing the state dots and
     the (per-head) Gram matrices together, so the state loads go first. HEAD_LOOP: grid
     (1, Hv, batch); the program computes the per-head coefficients once, then loops over the
-    head's row tiles (no per-tile repetition of the Gram work). EARLY_BUF loads the buffer rows
+    head's row tiles (no per-tile repetition of the Gram work). PREPASS: the per-head
+    coefficients come from _gdn_verify_coef_kernel (launched just before, record at coef_ptr),
+    so the dk loop only streams the state. EARLY_BUF loads the buffer rows
     < BLOCK_L before the cursor arrives; rows >= n are selected away (never multiplied). No
     per-draft state; drafts written to the buffer at n..n+T-1 (u; k, g once; dual: v, beta).
     """
@@ -932,7 +1018,7 @@ def _gdn_verify_kernel(
     slot64 = tl.maximum(slot, 0).to(tl.int64)
     ltm = tmask & live
     ent = slot64 * L + ll
-    if EARLY_BUF:
+    if EARLY_BUF or PREPASS:
         lm = (ll < L) & live
     else:
         n = tl.load(cur_ptr + slot64, mask=live, other=0)
@@ -943,16 +1029,21 @@ def _gdn_verify_kernel(
     row_off = (slot64 * HV + h) * DV + rows
     SK, SQ, GK, GQ, KK, KQ, nk, nq, nkb = _verify_dk_loop(
         rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
-        BLOCK_V, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, not HEAD_LOOP, True, S_PREC, K_PREC, INTERP)
+        BLOCK_V, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, not HEAD_LOOP, not PREPASS, S_PREC, K_PREC, INTERP)
     gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
-    bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
-    gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-    if EARLY_BUF:
+    if PREPASS:
         n = tl.load(cur_ptr + slot64, mask=live, other=0)
         lm = (ll < n) & live
-        gch = tl.where(lm, gch, 0.0)
-    rk, rq, GKw, GQw, eC, eD, inv, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale,
-                                                      EPS, BLOCK_T, SMALL_PREC, INTERP)
+        rk, rq, GKw, GQw, eC, eD, inv, Mq, bd = _load_coefs(coef_ptr, b, h, ll, tt, tmask, T, HV, REC, BLOCK_L)
+    else:
+        bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
+        gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
+        if EARLY_BUF:
+            n = tl.load(cur_ptr + slot64, mask=live, other=0)
+            lm = (ll < n) & live
+            gch = tl.where(lm, gch, 0.0)
+        rk, rq, GKw, GQw, eC, eD, inv, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask,
+                                                          scale, EPS, BLOCK_T, SMALL_PREC, INTERP)
     if HEAD_LOOP:
         for r0 in tl.range(0, DV, BLOCK_V):
             rows = r0 + tl.arange(0, BLOCK_V)
@@ -1147,7 +1238,19 @@ def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):
     return _gdn_fold_kernel, (nt, Hv, rows), args, meta
 
 
-def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
+def _coef_scratch(rs: GDNReplayState, numel: int, device) -> torch.Tensor:
+    """fp32 scratch [>= numel] for the PREPASS verify route's coefficient records (kept on the
+    state object, like _nxt: one allocation serves every round and a captured graph)."""
+    t = getattr(rs, "_gdn_vcoef", None)
+    if t is None or t.numel() < numel or t.device != torch.device(device):
+        t = torch.empty(max(numel, 1), dtype=torch.float32, device=device)
+        rs._gdn_vcoef = t
+    return t
+
+
+def plan_verify_all(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None) -> list:
+    """Launch plans of one verify: [main], or [coefficient pre-pass, main] when the config says
+    PREPASS (an opt-in tuning variant; see _gdn_verify_kernel)."""
     batch, T, Hv, dv = v.shape
     Hk, dk = k.shape[2], k.shape[3]
     L = rs.capacity
@@ -1159,20 +1262,40 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     cfg["BLOCK_V"] = max(16, cfg["BLOCK_V"])
     cfg["BLOCK_K"] = max(16, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
     head_loop = bool(cfg.get("HEAD_LOOP", False))
+    prepass = bool(cfg.get("PREPASS", False))
     nt = 1 if head_loop else triton.cdiv(dv, cfg["BLOCK_V"])
     _check_rs(rs, nt * Hv)
     rd, rd_sc, rd_fp8 = _ckpt_args(rs.read_ckpt)
     buf, dual = _buffer_args(rs)
-    args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), rd, rd_sc, *buf, rs.cursor,
+    block_l = max(16, triton.next_power_of_2(min(rs.flush_period, L)))
+    rec = 2 * block_l * T + 2 * T * T + 4 * T + 1            # one coefficient record (_coef_offsets)
+    coef = _coef_scratch(rs, batch * Hv * rec, v.device) if prepass else o
+    idx = _rows_index(state_indices, batch, v.device)
+    k_prec = mma_precision(rs.k.dtype, k.dtype, VERIFY_F32_PRECISION)
+    small = cfg.get("SMALL_PREC", "tf32x3")
+    args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, coef,
             *_strides(q, k, v, g, beta, o, dims=3), scale]
     s_prec = cfg.get("S_PREC") or mma_precision(rs.read_ckpt.data.dtype, k.dtype, VERIFY_F32_PRECISION)
-    meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
-                        BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
+    meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_L=block_l,
                         BLOCK_T=max(16, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
-                        S_PREC=s_prec, K_PREC=mma_precision(rs.k.dtype, k.dtype, VERIFY_F32_PRECISION),
-                        EARLY_BUF=bool(cfg.get("EARLY_BUF", True)), SMALL_PREC=cfg.get("SMALL_PREC", "tf32x3"),
-                        HEAD_LOOP=head_loop)
-    return _gdn_verify_kernel, (nt, Hv, batch), args, meta
+                        S_PREC=s_prec, K_PREC=k_prec, EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
+                        SMALL_PREC=small, HEAD_LOOP=head_loop, PREPASS=prepass, REC=rec)
+    plans = [(_gdn_verify_kernel, (nt, Hv, batch), args, meta)]
+    if prepass:
+        kb, gb = buf[1], buf[2]
+        cargs = [q, k, g, beta, idx, kb, gb, rs.cursor, coef,
+                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                 g.stride(0), g.stride(1), g.stride(2), beta.stride(0), beta.stride(1), beta.stride(2), scale]
+        cmeta = dict(T=T, HV=Hv, HK=Hk, DK=dk, L=L, BLOCK_K=cfg["BLOCK_K"], BLOCK_L=block_l,
+                     BLOCK_T=meta["BLOCK_T"], REC=rec, K_PREC=k_prec, SMALL_PREC=small, INTERP=interpreting(),
+                     EPS=L2_EPS, num_warps=int(cfg.get("PRE_WARPS", 4)))
+        plans.insert(0, (_gdn_verify_coef_kernel, (Hv, batch), cargs, cmeta))
+    return plans
+
+
+def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
+    """The main verify launch plan (plan_verify_all's last)."""
+    return plan_verify_all(rs, q, k, v, g, beta, state_indices, scale, o, config)[-1]
 
 
 def _launch(plan) -> None:
@@ -1229,7 +1352,8 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
     q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
     o = torch.empty_like(v) if out is None else out
     if v.shape[0]:
-        _launch(plan_verify(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config))
+        for plan in plan_verify_all(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config):
+            _launch(plan)
     return o
 
 

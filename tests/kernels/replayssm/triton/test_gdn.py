@@ -278,6 +278,10 @@ VERIFY_CASES = [
     # one program per head looping over 3 row tiles (dv 40), dk in 2 chunks; buffer read after the cursor
     ("head-loop-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
      {"HEAD_LOOP": True, "BLOCK_V": 16, "CHUNK_K": 16, "EARLY_BUF": False}),
+    # per-head coefficients from the pre-pass launch; 3 row tiles read the same record
+    ("prepass-f32-gqa-T4", TALL, "replay", "float32", None, torch.float32, 4, 3, 7,
+     {"PREPASS": True, "BLOCK_V": 16, "CHUNK_K": 16}),
+    ("prepass-dual-fp8-gqa-T2", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 2, 3, 5, {"PREPASS": True}),
 ]
 
 
@@ -339,6 +343,9 @@ for b in (1, 256):
     res[f"fold dual b{b}"] = G.plan_fold(rs("dual", "float8_e4m3"), torch.empty(b, dtype=torch.int32, device=M), None, 1)
     iv = x(b, 4)
     res[f"verify T4 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv, state_indices=None, scale=.1, o=iv["v"])
+    for j, p in enumerate(G.plan_verify_all(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
+                                            config={"PREPASS": True})):   # tuning variant: pre-pass + main
+        res[f"verify prepass T4 b{b} launch {j}"] = p
 out = {}
 for k, p in res.items():
     r = G.compile_offline(p)
