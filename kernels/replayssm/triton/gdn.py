@@ -71,7 +71,8 @@ CONFIGS: dict[str, list[tuple]] = {
                  (None, 128, 4, _BIG_READ)],
     "flush_step": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2})],
     "fold":     [(None, 32, 4)],
-    "verify":   [(4, 16, 1), (None, 64, 2)],     # 32 rows per warp; Qwen-122B b256 T4: 64x2 1098 us, 32x2 1407, 32x4 2854
+    # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
+    "verify":   [(4, 16, 1), (None, 64, 2)],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of the state tile times the drafts' raw keys/queries when the
@@ -924,7 +925,7 @@ def _gdn_verify_coef_kernel(
     ent = slot64 * L + ll
     n = tl.load(cur_ptr + slot64, mask=live, other=0)
     lm = (ll < n) & live
-    _, _, GK, GQ, KK, KQ, nk, nq, nkb = _verify_dk_loop(
+    _, _, GK, GQ, KK, KQ, nk, nq, nkb = _verify_dk_loop(      # no state (WITH_S False): dummy rd/rows
         coef_ptr, ll, lm, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
         BLOCK_L, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, False, True, K_PREC, K_PREC, INTERP)
     gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
@@ -1156,7 +1157,8 @@ def replay_meta(cfg: dict, L: int, dv: int, group: int, K: int | None = None) ->
     hp = 1
     while hp * 2 <= int(cfg.get("HP", 1)) and group % (hp * 2) == 0:
         hp *= 2
-    return dict(BLOCK_R=br, NR=nr, HP=hp, BLOCK_L=triton.next_power_of_2(min(K or L, L)), PREFETCH=bool(cfg.get("PREFETCH", False)),
+    return dict(BLOCK_R=br, NR=nr, HP=hp, BLOCK_L=triton.next_power_of_2(min(K or L, L)),
+                PREFETCH=bool(cfg.get("PREFETCH", False)),
                 PF=int(cfg.get("PF", 0)), PF_DIST=max(1, int(cfg.get("PF_DIST", 1))))
 
 

@@ -736,18 +736,20 @@ def _verify_kernel(
     themselves (causally masked); writes the drafts at buffer rows n..n+T-1. No state is
     written and the cursor does not move.
 
-    Matrix form, targets t as rows (every dim padded to >= 16 for tl.dot):
-        Y^T [T, P] = (C [T, N] @ S^T [N, P]) * exp(c_buf + cd_t)[:, None]
-                   + W^T [T, L] @ Xb [L, P]       W[i, t]  = dt_i exp(suf_i + cd_t) (B_i . C_t)
-                   + Wd^T [T, T] @ Xd [T, P]      Wd[j, t] = [j <= t] dt_j exp(cd_t - cd_j) (B_j . C_t)
+    Matrix form, targets t as columns (every dim padded to >= 16 for tl.dot):
+        Y [P, T] = (S [P, N] @ C^T [N, T]) * exp(c_buf + cd_t)[None, :]
+                 + Xb^T [P, L] @ W [L, T]       W[i, t]  = dt_i exp(suf_i + cd_t) (B_i . C_t)
+                 + Xd^T [P, T] @ Wd [T, T]      Wd[j, t] = [j <= t] dt_j exp(cd_t - cd_j) (B_j . C_t)
     with suf_i = sum_{i<j<n} dt_j A, c_buf = sum_{i<n} dt_i A and cd the drafts' inclusive
-    cumulative log-decay. The checkpoint term is one MMA over the state tile (S_PREC: exact
-    "bf16" for bf16 / fp8 read copies, "tf32x3" for fp32 ones); B . C Gram matrices are MMAs
-    of bf16 values (BC_PREC); the fp32 weights times the buffered x are the bf16x3 split
-    (_outer_sum with X_PREC) so every product is exact. Load order: the state tile first
-    (its address needs only the slot), then the drafts, then the cursor; with EARLY_BUF the
-    buffer tiles are loaded for all BLOCK_L rows before the cursor is known and rows >= n
-    are zeroed after (one dependent round trip less, up to K - n rows more read).
+    cumulative log-decay. S C^T and the B . C Gram matrices (BC_PREC) accumulate over N in
+    chunks of BLOCK_N columns whose loads feed the MMAs (the state tile is never whole in
+    registers). S_PREC: exact "bf16" for bf16 / fp8 read copies (fp8 row scales applied to Y's
+    rows after), "bf16x3" or "tf32x3" for fp32 ones (_verify_state_precision); X_PREC "split3b":
+    the fp32 weights split into three bf16 parts against the bf16 buffered x (exact products).
+    Load order: the state chunks first (their address needs only the slot), then the drafts;
+    with EARLY_BUF the buffer tiles are loaded for all BLOCK_L rows before the cursor arrives
+    and rows >= n are selected away after (never multiplied: stale rows may hold anything;
+    one dependent round trip less, up to K - n rows more read).
     """
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
@@ -1136,8 +1138,8 @@ def commit(rs, A, accepted, state_indices=None):
 
 def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> str:
     """Precision of the verify MMA state tile x C. An fp32 tile feeding bf16 / fp16 outputs
-    takes "bf16x3" (~2^-16 per product, 256x below the output's own rounding; ~10 % faster than
-    "tf32x3" on the H200); fp32 outputs keep VERIFY_F32_PRECISION."""
+    takes "bf16x3" (~2^-16 per product, 256x below the output's own rounding; 10-17 % faster
+    than "tf32x3" on the H200); fp32 outputs keep VERIFY_F32_PRECISION."""
     p = mma_precision(rd, c, VERIFY_F32_PRECISION)
     if p == VERIFY_F32_PRECISION and y in (torch.bfloat16, torch.float16):
         return "bf16x3"
@@ -1147,7 +1149,8 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
     """([launch], y) of speculative verification; see verify. Grid (cdiv(P, BLOCK_P), H, b):
     one [BLOCK_P, N] state tile per program, BLOCK_P from CONFIG_TABLE["verify"] (or
-    OVERRIDE["verify"]: block_p, warps, early_buf), every tile dim >= 16 (tl.dot)."""
+    OVERRIDE["verify"]: block_p, warps, early_buf, s_prec, x_prec, chunk_n), every tile dim
+    >= 16 (tl.dot)."""
     x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
     bsz, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
@@ -1162,6 +1165,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     block_p = max(16, min(ov.get("block_p", block_p), _np2(P)))
     early_buf = ov.get("early_buf", VERIFY_EARLY_BUF)
     block_l = max(16, _np2(min(rs.flush_period, L)))   # committed entries only: n <= K - 1 before a verify
+    block_n = max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N)))   # state columns per MMA step
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
@@ -1174,13 +1178,12 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
         zz.stride(0), zz.stride(1), zz.stride(2), y.stride(0), y.stride(1), y.stride(2),
         *_buffer_strides(rs), *_ckpt_strides(rs),
-        T=T, BLOCK_T=max(16, _np2(T)), BLOCK_P=block_p, BLOCK_N=max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N))),
-        BLOCK_L=block_l,
+        T=T, BLOCK_T=max(16, _np2(T)), BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=block_l,
         HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has,
-        S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)), BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
+        S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)),
+        BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
-        EARLY_BUF=bool(early_buf), EXACT=_interpreting(),
-        num_warps=ov.get("warps", warps))
+        EARLY_BUF=bool(early_buf), EXACT=_interpreting(), num_warps=ov.get("warps", warps))
     return [launch], y
 
 
