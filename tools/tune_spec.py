@@ -83,9 +83,9 @@ STUDY = ("super", "q122b", "nano", "q4b")     # --models (the smoke run takes tm
 # ----------------------------------------------------------------------------- variants
 # OVERRIDE["verify"] of replayssm.triton.mamba2: block_p (rows per program, power of 2 >= 16,
 # clamped to the head), warps, early_buf (buffer tiles loaded before the cursor arrives),
-# s_prec (tl.dot precision of the fp32 state tile: "bf16x3", "tf32x3", "split3"), s_rows_m
-# (the state tile as the MMA's M operand). As of this writing plan_verify reads block_p, warps,
-# early_buf, s_prec, chunk_n, x_prec (s_rows_m no longer); keys it does not read do nothing.
+# s_prec (tl.dot precision of the fp32 state tile: "bf16x3", "tf32x3", "split3"), chunk_n
+# (state columns per MMA step), x_prec; a "fold" key goes to OVERRIDE["fold"] (block_p,
+# chunks, warps) of the commit's fold. Keys plan_verify does not read do nothing.
 MAMBA2_VARIANTS: dict[str, dict] = {
     "default": {},
     "b32w2-tf32x3": dict(block_p=32, warps=2, s_prec="tf32x3"),
@@ -113,6 +113,10 @@ GDN_VARIANTS: dict[str, dict] = {
     "pp-bv32w2": dict(BLOCK_V=32, num_warps=2, PREPASS=True),
     "pp-bv64w4": dict(BLOCK_V=64, num_warps=4, PREPASS=True),
     "pp-bv128w4": dict(BLOCK_V=128, num_warps=4, PREPASS=True),
+    # sm_90 registers (Qwen3.5-122B, fp32): pp 64x4w 2-stage 102 (5 programs/SM) vs default 254 (4)
+    "pp-bv64w4-s2": dict(BLOCK_V=64, num_warps=4, PREPASS=True, num_stages=2),
+    "pp-bv128w8-s2": dict(BLOCK_V=128, num_warps=8, PREPASS=True, num_stages=2),
+    "bv32w2-s2": dict(BLOCK_V=32, num_warps=2, num_stages=2),
 }
 GDN_ALIASES = {"block_v": "BLOCK_V", "warps": "num_warps"}
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
@@ -319,7 +323,7 @@ def launch_desc(case, model) -> str:
                                         "float32", lo, torch.bfloat16, "meta")
         la = tk.plan_verify(rs, **inp, **params, state_indices=idx)[0][0]
         m = la.meta
-        return (f"P{m['BLOCK_P']} n{m['BLOCK_N']} w{m['num_warps']} {m['S_PREC']}{' M' if m.get('S_ROWS_M') else ''}"
+        return (f"P{m['BLOCK_P']} n{m['BLOCK_N']} w{m['num_warps']} {m['S_PREC']}"
                 f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}")
     gk = _gdn_module()
     rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
@@ -334,6 +338,9 @@ def launch_desc(case, model) -> str:
         out += " early" if m["EARLY_BUF"] else " late"
     extra = [f"{k.split('_')[0].lower()[:2]}:{v}" for k, v in m.items()
              if "PREC" in k and k not in ("S_PREC", "K_PREC")]
+    extra += [name for key, name in (("PREPASS", "prepass"), ("HEAD_LOOP", "head-loop")) if m.get(key)]
+    if "num_stages" in m:
+        extra.append(f"s{m['num_stages']}")
     return " ".join([out] + extra)
 
 

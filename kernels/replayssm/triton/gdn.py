@@ -1282,6 +1282,8 @@ def plan_verify_all(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, 
                         BLOCK_T=max(16, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
                         S_PREC=s_prec, K_PREC=k_prec, EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
                         SMALL_PREC=small, HEAD_LOOP=head_loop, PREPASS=prepass, REC=rec)
+    if "num_stages" in cfg:   # software-pipelining depth of the dk loop (Triton's default otherwise)
+        meta["num_stages"] = int(cfg["num_stages"])
     plans = [(_gdn_verify_kernel, (nt, Hv, batch), args, meta)]
     if prepass:
         kb, gb = buf[1], buf[2]
@@ -1380,11 +1382,13 @@ def compile_offline(plan, arch: int = 90) -> dict:
     if not isinstance(kernel, triton.runtime.JITFunction):
         raise RuntimeError("compile_offline needs TRITON_INTERPRET unset (kernels are interpreted)")
     meta = dict(meta)
-    num_warps = meta.pop("num_warps")
+    options = {"num_warps": meta.pop("num_warps")}
+    if "num_stages" in meta:
+        options["num_stages"] = meta.pop("num_stages")
     names = kernel.arg_names
     sig, consts, attrs = signature(names, args, meta)
     src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])

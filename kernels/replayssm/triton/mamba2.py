@@ -1218,6 +1218,8 @@ def compile_offline(launch: Launch, arch: int = 90) -> dict:
     meta = dict(launch.meta)
     num_warps = meta.pop("num_warps")
     options = {"num_warps": num_warps}
+    if "num_stages" in meta:
+        options["num_stages"] = meta.pop("num_stages")
     if meta.get("maxnreg") is not None:
         options["maxnreg"] = meta.pop("maxnreg")
     if "EXACT" in meta:
