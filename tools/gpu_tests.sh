@@ -11,7 +11,7 @@ WORKERS=${2:-6}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export REPLAYBENCH_FAILLOG="$OUT/gpu_failures.log"
 : > "$REPLAYBENCH_FAILLOG"
-timeout "$BUDGET" python3 -m pytest -n "$WORKERS" -v -rfE -p no:cacheprovider -o addopts="" \
+timeout "$BUDGET" python3 -m pytest -n "$WORKERS" -v -rfE --durations=25 -p no:cacheprovider -o addopts="" \
   tests/kernels/replayssm/triton > "$OUT/gpu_pytest.log" 2>&1
 rc=$?
 echo "pytest rc $rc (124: cut off by the ${BUDGET}s budget)" >> "$OUT/gpu_pytest.log"

@@ -93,6 +93,9 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     "b16w1": dict(block_p=16, warps=1),
     "b32w2-late": dict(block_p=32, warps=2, early_buf=False),
     "b32w2-fold1": dict(block_p=32, warps=2, fold=dict(chunks=1)),
+    # Nano (80-row heads): one program per head (rows past 80 masked) instead of three
+    "b128w4": dict(block_p=128, warps=4),
+    "b128w2": dict(block_p=128, warps=2),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given (opaque) except two aliases
 # (GDN_ALIASES: block_v -> BLOCK_V, warps -> num_warps). The module's hook reads BLOCK_V (rows
