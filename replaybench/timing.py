@@ -51,6 +51,13 @@ class Timing:
     def rel_iqr(self) -> float:
         return self.iqr_us / self.median_us if self.median_us else float("inf")
 
+    def columns(self) -> dict:
+        """The row columns every runner reports from a measurement (DESIGN.md §5)."""
+        return {"median_us": self.median_us, "iqr_us": self.iqr_us, "samples": self.samples,
+                "discarded": self.discarded, "mean_us": self.mean_us, "min_us": self.min_us,
+                "rel_iqr": self.rel_iqr, "sm_clock_mhz": self.sm_clock_mhz, "mem_clock_mhz": self.mem_clock_mhz,
+                "power_w": self.power_w, "throttle": self.throttle, "power_capped": self.power_capped}
+
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     if len(xs) == 1:

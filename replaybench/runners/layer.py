@@ -129,10 +129,7 @@ def run(case, ctx) -> dict:
     copy = (ctx.ceilings or {}).get("copy_gbps")
     ssm_gbps = ssm_bytes / ts.median_us * 1e-3 if ts.median_us else None
     return {
-        "median_us": t.median_us, "iqr_us": t.iqr_us, "samples": t.samples, "discarded": t.discarded,
-        "mean_us": t.mean_us, "min_us": t.min_us, "rel_iqr": t.rel_iqr,
-        "sm_clock_mhz": t.sm_clock_mhz, "mem_clock_mhz": t.mem_clock_mhz, "power_w": t.power_w,
-        "throttle": t.throttle, "power_capped": t.power_capped,
+        **t.columns(),
         "ssm_us": ts.median_us, "ssm_iqr_us": ts.iqr_us, "ssm_samples": ts.samples, "ssm_discarded": ts.discarded,
         "ssm_min_us": ts.min_us, "ssm_rel_iqr": ts.rel_iqr,
         "ssm_share": ts.median_us / t.median_us if t.median_us else None,

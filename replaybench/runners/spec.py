@@ -211,10 +211,7 @@ def run(case, ctx) -> dict:
     rows, cols, heads = _state_geometry(model.op, model.ssm)
     per_s = 1e6 / t.median_us
     return {
-        "median_us": t.median_us, "iqr_us": t.iqr_us, "samples": t.samples, "discarded": t.discarded,
-        "mean_us": t.mean_us, "min_us": t.min_us, "rel_iqr": t.rel_iqr,
-        "sm_clock_mhz": t.sm_clock_mhz, "mem_clock_mhz": t.mem_clock_mhz, "power_w": t.power_w,
-        "throttle": t.throttle, "power_capped": t.power_capped,
+        **t.columns(),
         "bytes_model": traffic.total_bytes, "read_bytes_model": traffic.read_bytes,
         "write_bytes_model": traffic.write_bytes, "flops_model": traffic.flops, "intensity": traffic.intensity,
         "state_bytes_model": traffic.parts["state_read"] + traffic.parts["state_write"],

@@ -48,3 +48,12 @@ def test_thermal_throttling_is_never_reported():
     acc.add([50.0], THERMAL)
     with pytest.raises(RuntimeError, match="no usable timing samples .2 discarded"):
         acc.summary(per=1)
+
+
+def test_row_columns():
+    acc = timing._Batches()
+    acc.add([10.0, 12.0], CLEAN)
+    cols = acc.summary(per=1).columns()
+    assert cols["median_us"] == pytest.approx(11.0) and cols["samples"] == 2 and cols["discarded"] == 0
+    assert cols["power_capped"] is False and cols["throttle"] == "" and cols["power_w"] == pytest.approx(500.0)
+    assert set(cols) >= {"iqr_us", "mean_us", "min_us", "rel_iqr", "sm_clock_mhz", "mem_clock_mhz"}
