@@ -274,33 +274,10 @@ def jobs_of(groups) -> list[tuple]:
 
 # ----------------------------------------------------------------------------- helpers
 def copy_ceiling(dev: str) -> float:
-    """GB/s of torch.add(x, 0, out=y) (bytes read + written), x and y 1 GiB fp32 each."""
-    n = (GiB if dev == "cuda" else 64 << 20) // 4
-    x = torch.ones(n, dtype=torch.float32, device=dev)
-    y = torch.empty_like(x)
-    for _ in range(3):
-        torch.add(x, 0, out=y)
-    ts = []
-    if dev == "cuda":
-        torch.cuda.synchronize()
-        for _ in range(7):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(10):
-                torch.add(x, 0, out=y)
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3 / 10)
-    else:
-        for _ in range(3):
-            t = time.perf_counter()
-            torch.add(x, 0, out=y)
-            ts.append(time.perf_counter() - t)
-    ts.sort()
-    del x, y
-    if dev == "cuda":
-        torch.cuda.empty_cache()
-    return 2 * n * 4 / ts[len(ts) // 2] / 1e9
+    """GB/s of the suite's copy ceiling (replaybench.hardware.measure_ceilings: torch.add(x, 0,
+    out=y), 1 GiB fp32 each on a GPU), as every sweep manifest records it."""
+    from replaybench.hardware import measure_ceilings
+    return measure_ceilings(dev)["copy_gbps"]
 
 
 def launch_desc(case, model) -> str:
@@ -627,7 +604,7 @@ def main() -> int:
         f"csv {csv_path or '(none: set OUT or --csv)'}")
 
     args.copy = copy_ceiling(args.dev)
-    log(f"copy ceiling {args.copy:.0f} GB/s (torch.add(x, 0, out=y), 2 x {'1 GiB' if args.dev == 'cuda' else '64 MiB'}"
+    log(f"copy ceiling {args.copy:.0f} GB/s (torch.add(x, 0, out=y), 2 x {'1 GiB' if args.dev == 'cuda' else '256 MiB'}"
         f" fp32)")
     ctx = RunContext(device=args.dev, timing=timing, ceilings={"copy_gbps": args.copy}, device_name=name)
 
