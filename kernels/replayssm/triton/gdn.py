@@ -889,6 +889,19 @@ def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr,
 
 
 @triton.jit
+def _verify_slot(idx_ptr, b, T: tl.constexpr, L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Draft and buffer coordinates of batch row b: tt, tmask (drafts < T), ll (buffer rows),
+    live (slot >= 0), slot64 (clamped), ltm = tmask & live, ent = buffer entries of the slot."""
+    tt = tl.arange(0, BLOCK_T)
+    tmask = tt < T
+    ll = tl.arange(0, BLOCK_L)
+    slot = tl.load(idx_ptr + b)
+    live = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    return tt, tmask, ll, live, slot64, tmask & live, slot64 * L + ll
+
+
+@triton.jit
 def _coef_offsets(T: tl.constexpr, BLOCK_L: tl.constexpr):
     """Offsets of the parts of one (sequence, head) coefficient record (fp32, compact: T real
     columns): GKw, GQw [BLOCK_L, T]; inv, Mq [T, T]; rk, rq, eD, bd [T]; eC."""
@@ -915,14 +928,7 @@ def _gdn_verify_coef_kernel(
     h = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     kh = h // (HV // HK)
-    tt = tl.arange(0, BLOCK_T)
-    tmask = tt < T
-    ll = tl.arange(0, BLOCK_L)
-    slot = tl.load(idx_ptr + b)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    ltm = tmask & live
-    ent = slot64 * L + ll
+    tt, tmask, ll, live, slot64, ltm, ent = _verify_slot(idx_ptr, b, T, L, BLOCK_T, BLOCK_L)
     n = tl.load(cur_ptr + slot64, mask=live, other=0)
     lm = (ll < n) & live
     _, _, GK, GQ, KK, KQ, nk, nq, nkb = _verify_dk_loop(      # no state (WITH_S False): dummy rd/rows
@@ -1011,14 +1017,7 @@ def _gdn_verify_kernel(
     b = tl.program_id(2).to(tl.int64)
     GROUP: tl.constexpr = HV // HK
     kh = h // GROUP
-    tt = tl.arange(0, BLOCK_T)
-    tmask = tt < T
-    ll = tl.arange(0, BLOCK_L)
-    slot = tl.load(idx_ptr + b)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    ltm = tmask & live
-    ent = slot64 * L + ll
+    tt, tmask, ll, live, slot64, ltm, ent = _verify_slot(idx_ptr, b, T, L, BLOCK_T, BLOCK_L)
     if EARLY_BUF or PREPASS:
         lm = (ll < L) & live
     else:
