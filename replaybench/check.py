@@ -4,7 +4,9 @@ Rows with status 'ok' in both runs are matched by (case_id, method, backend).
 A case is a regression when NEW/BASE median > 1 + threshold AND the IQR ranges
 do not overlap (NEW's lower quartile above BASE's upper quartile; quartiles are
 the runner's q1_us/q3_us columns when present, else median -/+ iqr/2).
-A case ok in BASE but error in NEW also fails the gate.
+A case ok in BASE but error in NEW also fails the gate. Cases timed under the power cap
+(replaybench.timing's power_capped column) are compared like the others and marked in the
+`capped` column (base / new / both): their times are rates at the board's power limit.
 
 Exit codes: 0 pass, 1 regression, 2 usage problem (missing run, devices differ
 without --allow-device-mismatch).
@@ -59,11 +61,15 @@ def compare(base_df, new_df, threshold: float = 0.05):
     n = new_df[new_df["status"] == "ok"].copy()
     b["b_q1"], b["b_q3"] = _quartiles(b)
     n["n_q1"], n["n_q3"] = _quartiles(n)
-    b = b[KEY + ["model", "batch", "median_us", "iqr_us", "b_q1", "b_q3"]].rename(
-        columns={"median_us": "base_us", "iqr_us": "base_iqr_us"})
-    n = n[KEY + ["median_us", "iqr_us", "n_q1", "n_q3"]].rename(
-        columns={"median_us": "new_us", "iqr_us": "new_iqr_us"})
+    for d in (b, n):
+        d["capped"] = d["power_capped"].fillna(False).astype(bool) if "power_capped" in d else False
+    b = b[KEY + ["model", "batch", "median_us", "iqr_us", "b_q1", "b_q3", "capped"]].rename(
+        columns={"median_us": "base_us", "iqr_us": "base_iqr_us", "capped": "b_capped"})
+    n = n[KEY + ["median_us", "iqr_us", "n_q1", "n_q3", "capped"]].rename(
+        columns={"median_us": "new_us", "iqr_us": "new_iqr_us", "capped": "n_capped"})
     m = b.merge(n, on=KEY, how="inner")
+    m["capped"] = [{(True, True): "both", (True, False): "base", (False, True): "new"}.get((bc, nc), "")
+                   for bc, nc in zip(m["b_capped"], m["n_capped"])]
     m["ratio"] = m["new_us"].astype(float) / m["base_us"].astype(float)
     slower = (m["ratio"] > 1 + threshold) & (m["n_q1"] > m["b_q3"])
     faster = (m["ratio"] < 1 - threshold) & (m["n_q3"] < m["b_q1"])
@@ -72,7 +78,7 @@ def compare(base_df, new_df, threshold: float = 0.05):
     m.loc[(m["ratio"] < 1 - threshold) & ~faster, "verdict"] = "faster (noise)"
     m.loc[slower, "verdict"] = "REGRESSION"
     m.loc[faster, "verdict"] = "faster"
-    return m.drop(columns=["b_q1", "b_q3", "n_q1", "n_q3"])
+    return m.drop(columns=["b_q1", "b_q3", "n_q1", "n_q3", "b_capped", "n_capped"])
 
 
 def run_check(base: str | Path, new: str | Path, threshold: float = 0.05,
@@ -106,12 +112,13 @@ def run_check(base: str | Path, new: str | Path, threshold: float = 0.05,
     print(f"BASE {bs.run_id} ({bdev})  vs  NEW {ns.run_id} ({ndev}); threshold "
           f"{threshold:.1%}", file=out)
     if len(table):
-        cols = ["case_id", "base_us", "new_us", "ratio", "verdict"]
+        cols = ["case_id", "base_us", "new_us", "ratio", "verdict", "capped"]
         w = max(len("case_id"), *(len(c) for c in table["case_id"]))
         print(f"{'case_id'.ljust(w)}  {'base_us':>10}  {'new_us':>10}  {'new/base':>8}  verdict", file=out)
         for _, r in table.sort_values("ratio", ascending=False)[cols].iterrows():
+            capped = f"  [power-capped: {r['capped']}]" if r["capped"] else ""
             print(f"{r['case_id'].ljust(w)}  {r['base_us']:10.3f}  {r['new_us']:10.3f}  "
-                  f"{r['ratio']:8.3f}  {r['verdict']}", file=out)
+                  f"{r['ratio']:8.3f}  {r['verdict']}{capped}", file=out)
     for _, r in new_err.iterrows():
         print(f"NEW ERROR  {r['case_id']}: {r['error']}", file=out)
     if missing:

@@ -32,8 +32,13 @@ from .scenario import METHODS, REPLAY_FAMILY  # noqa: E402
 from .store import RunStore  # noqa: E402
 
 METHOD_ORDER = list(METHODS)
-_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#7f7f7f", "#17becf"]
-METHOD_COLORS = {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(METHOD_ORDER)}
+# one fixed colour per method, in the order methods were added (a new method takes a new colour,
+# so the figures of earlier runs keep theirs when they are regenerated)
+_COLOR_ORDER = ["eager", "replay", "replay-dual", "replay-shared-low", "spec-replay", "spec-perdraft",
+                "vllm-eager", "vllm-spec", "spec-replay-dual"]
+_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#7f7f7f", "#17becf", "#bcbd22"]
+METHOD_COLORS = {m: _PALETTE[i % len(_PALETTE)] for i, m in
+                 enumerate(_COLOR_ORDER + [m for m in METHOD_ORDER if m not in _COLOR_ORDER])}
 BACKEND_STYLES = {"triton": ("-", "o"), "reference": ("--", "s"), "vllm": (":", "^")}
 FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg", "spec_speedup.*",
                 "memory.*", "roofline.*", "traffic_measured.*", "spread.*")

@@ -9,8 +9,8 @@ from replaybench.check import run_check
 from replaybench.store import RunStore
 
 
-def make(tmp_path, run_id, times, device="NVIDIA H200", iqr=0.01, status=None, q=None):
-    """times: {case_id: median_us}; iqr relative to median."""
+def make(tmp_path, run_id, times, device="NVIDIA H200", iqr=0.01, status=None, q=None, capped=()):
+    """times: {case_id: median_us}; iqr relative to median; capped: case_ids timed under the power cap."""
     st = RunStore.create_or_resume(tmp_path / "results", run_id,
                                    {"scenario": {"sha256": run_id}, "device": {"name": device}})
     for cid, med in times.items():
@@ -20,6 +20,7 @@ def make(tmp_path, run_id, times, device="NVIDIA H200", iqr=0.01, status=None, q
                "status": s, "error": "RuntimeError: x" if s == "error" else None}
         if q and cid in q:
             row["q1_us"], row["q3_us"] = q[cid]
+        row["power_capped"] = cid in capped
         st.append(row)
     st.unlock()
     return st
@@ -111,3 +112,13 @@ def test_cli_exit_codes(tmp_path):
     assert r.returncode == 2 and "devices differ" in r.stderr
     r = run("base", "missing-run")
     assert r.returncode == 2 and "missing-run" in r.stderr
+
+
+def test_power_capped_cases_are_marked(tmp_path):
+    make(tmp_path, "base", BASE, capped={"m/replay/triton/b4"})
+    make(tmp_path, "new", {**BASE, "m/replay/triton/b4": 30.0}, capped={"m/replay/triton/b4", "m/eager/triton/b1"})
+    res, out = check(tmp_path)
+    assert res.exit_code == 1 and res.regressions == 1            # still compared and gated
+    t = res.table.set_index("case_id")["capped"]
+    assert t["m/replay/triton/b4"] == "both" and t["m/eager/triton/b1"] == "new" and t["m/replay/triton/b1"] == ""
+    assert "REGRESSION  [power-capped: both]" in out and "[power-capped: new]" in out

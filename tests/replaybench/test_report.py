@@ -141,3 +141,13 @@ def test_throttle_table_lists_throttled_and_power_capped_rows():
     assert list(t["case_id"]) == ["b", "c"]
     assert list(t["power_capped"]) == [True, False]
     assert throttle_table(df.drop(columns=["power_capped"]))["power_capped"].tolist() == [False, False]
+
+
+def test_every_method_has_its_own_stable_colour():
+    from replaybench.report import METHOD_COLORS
+    from replaybench.scenario import METHODS
+    assert set(METHODS) <= set(METHOD_COLORS)
+    assert len({METHOD_COLORS[m] for m in METHODS}) == len(METHODS)
+    # colours of the committed reports' methods do not move when methods are added
+    assert (METHOD_COLORS["eager"], METHOD_COLORS["replay"], METHOD_COLORS["vllm-eager"]) == \
+        ("#1f77b4", "#d62728", "#7f7f7f")
