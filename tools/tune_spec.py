@@ -12,7 +12,7 @@ round per layer), for:
   vllm-spec      vLLM 0.26.0's own speculative kernels (replaybench.runners.peers, through the
                  kernel stub in .vllm-stub when present), once, when importable.
 In order (no new measurement starts after --deadline seconds; rows print as they finish):
-  1. the copy ceiling: torch.add(x, 0, out=y), x and y 1 GiB fp32 each (2 GiB moved);
+  1. the copy ceiling (replaybench.hardware.measure_ceilings: torch.add(x, 0, out=y), 1 GiB fp32 each);
   2. compilation: spawned workers run every planned (case, variant)'s correctness check at
      batch 2 (2 rounds), filling Triton's on-disk cache with the keys the timed launches use;
      timing starts once they are done (or after --deadline / 3 s);
@@ -37,8 +37,9 @@ GDN hook: the variant dict goes into replayssm.triton.gdn.OVERRIDE["verify"] as 
 the aliases block_v -> BLOCK_V, warps -> num_warps). When the module has no OVERRIDE (an older
 tree), this script creates it and merges it into the verify's pick_config override through a
 wrapper, and says so. Each spec-replay row shows the launch its variant resolved to
-(launch_desc; Mamba-2: P<rows> n<cols per MMA> w<warps> <state-tile precision>[ M]
-x:<x precision> early|late; GDN: V<rows> w<warps> k<dk per MMA> <precision> early|late); a
+(launch_desc; Mamba-2: P<rows> n<cols per MMA> w<warps> <state-tile precision>
+x:<x precision> early|late; GDN: V<rows> w<warps> k<dk per MMA> <precision> early|late
+[prepass] [head-loop] [s<stages>]); a
 variant resolving to the launch of an earlier one of the same case (a key the kernel plan does
 not read, or clamping) is flagged SAME LAUNCH and still timed (a repeat: the run's noise).
 
