@@ -39,7 +39,8 @@ from replayssm import reference as R  # noqa: E402
 from replayssm.inputs import GDNShape, gdn_step_inputs  # noqa: E402
 from replayssm.state import GDNReplayState  # noqa: E402
 from replayssm.triton import gdn as TK  # noqa: E402
-from replayssm.triton.gdn import _CUR_MASK, _TICKET, _cast, _ckpt_load, _ckpt_store, _fold  # noqa: E402,F401
+from replayssm.triton.common import cast as _cast  # noqa: E402
+from replayssm.triton.gdn import _CUR_MASK, _TICKET, _ckpt_load, _ckpt_store, _fold  # noqa: E402,F401
 from replaybench.traffic import eager_traffic, gdn_layer_bytes, replay_traffic  # noqa: E402
 
 MODELS = {"q122b": (16, 64), "q4b": (16, 32)}       # (key heads, value heads); dk = dv = 128

@@ -41,6 +41,7 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
+from .common import cast
 from .mma import mm, mma_acc, mma_precision
 from .offline import signature
 
@@ -110,39 +111,6 @@ def interpreting() -> bool:
 
 # ----------------------------------------------------------------------------- jit helpers
 @triton.jit
-def _rne_bf16(x):
-    """fp32 -> fp32 holding round-to-nearest-even bf16 (interpreter only: its casts truncate)."""
-    b = x.to(tl.uint32, bitcast=True)
-    b = b + 0x7FFF + ((b >> 16) & 1)
-    b = (b >> 16) << 16
-    return b.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _rne_e4m3(x):
-    """fp32 (|x| <= 448) -> fp32 on the e4m3 grid, round-to-nearest-even (interpreter only)."""
-    b = x.to(tl.uint32, bitcast=True)
-    e = ((b >> 23) & 0xFF).to(tl.int32) - 127
-    e = tl.maximum(e, -6)                      # subnormals share the quantum 2^-9
-    qexp = (e - 3 + 127).to(tl.uint32) << 23   # 2^(e-3): 3 mantissa bits
-    qv = qexp.to(tl.float32, bitcast=True)
-    y = x / qv                                 # exact (power of two)
-    r = (y + 12582912.0) - 12582912.0          # 1.5 * 2^23: RTNE to an integer
-    return r * qv
-
-
-@triton.jit
-def _cast(x, DST: tl.constexpr, INTERP: tl.constexpr):
-    """x.to(DST) with round-to-nearest-even also under the interpreter."""
-    if INTERP:
-        if DST == tl.bfloat16:
-            x = _rne_bf16(x)
-        elif DST == tl.float8e4nv:
-            x = _rne_e4m3(x)
-    return x.to(DST)
-
-
-@triton.jit
 def _ckpt_load(ptr, sc_ptr, tile_off, row_off, mask, rmask, FP8: tl.constexpr):
     """Dequantised [BLOCK_V, BLOCK_K] fp32 tile (masked elements 0). Streamed once: evict first."""
     s = tl.load(ptr + tile_off, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -160,7 +128,7 @@ def _ckpt_store(ptr, sc_ptr, tile_off, row_off, s, mask, rmask, FP8: tl.constexp
         sc = tl.where(amax > 0, tl.math.div_rn(amax, _FP8_MAX), 1.0)
         tl.store(sc_ptr + row_off, sc, mask=rmask)
         s = tl.math.div_rn(s, sc[:, None])
-    tl.store(ptr + tile_off, _cast(s, ptr.dtype.element_ty, INTERP), mask=mask, eviction_policy="evict_first")
+    tl.store(ptr + tile_off, cast(s, ptr.dtype.element_ty, INTERP), mask=mask, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -214,7 +182,7 @@ def _gdn_eager_kernel(
     o_ptrs = o_ptr + b * sob + h * soh + rows
     slot = tl.load(idx_ptr + b)
     if slot < 0:
-        tl.store(o_ptrs, _cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
+        tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
     else:
         slot64 = slot.to(tl.int64)
         row_off = (slot64 * HV + h) * DV + rows
@@ -232,9 +200,9 @@ def _gdn_eager_kernel(
         sq = tl.sum(S * qn[None, :], 1)
         u = bt * (vv - alpha * sk)
         S = alpha * S + u[:, None] * kn[None, :]
-        tl.store(s_ptr + tile, _cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask2, eviction_policy="evict_first")
+        tl.store(s_ptr + tile, cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask2, eviction_policy="evict_first")
         o = alpha * sq + u * tl.sum(kn * qn, 0)
-        tl.store(o_ptrs, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
+        tl.store(o_ptrs, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
 
 
 # ----------------------------------------------------------------------------- replay
@@ -377,7 +345,7 @@ def _gdn_replay_kernel(
     ei = tl.arange(0, BLOCK_L)
     slot = tl.load(idx_ptr + b)
     if slot < 0:
-        zero = _cast(tl.zeros([BLOCK_R], tl.float32), o_ptr.dtype.element_ty, INTERP)
+        zero = cast(tl.zeros([BLOCK_R], tl.float32), o_ptr.dtype.element_ty, INTERP)
         for j in range(NJ):
             rr = r0 + (j % NR) * BLOCK_R + ar
             tl.store(o_ptr + b * sob + (h0 + j // NR) * soh + rr, zero, mask=rr < DV)
@@ -474,7 +442,7 @@ def _gdn_replay_kernel(
                 h = h0 + j // NR
                 rr = r0 + (j % NR) * BLOCK_R + ar
                 v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rr < DV, other=0.0)
-                tl.store(vb_ptr + (ent * HV + h) * DV + rr, _cast(v_c.to(tl.float32), vb_ptr.dtype.element_ty, INTERP),
+                tl.store(vb_ptr + (ent * HV + h) * DV + rr, cast(v_c.to(tl.float32), vb_ptr.dtype.element_ty, INTERP),
                          mask=(rr < DV) & ok)
         elif (not SPLIT) and DUAL and do_flush:
             # ---- dual flush: stream the HIGH chunks, recompute u_i against them, step, write both
@@ -523,8 +491,8 @@ def _gdn_replay_kernel(
                 m2 = rm[:, None] & cmask[None, :]
                 _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
                 _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
-                tl.store(o_ptr + b * sob + h * soh + rr, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
-                tl.store(vb_ptr + (ent * HV + h) * DV + rr, _cast(v_c, vb_ptr.dtype.element_ty, INTERP), mask=rm & ok)
+                tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                tl.store(vb_ptr + (ent * HV + h) * DV + rr, cast(v_c, vb_ptr.dtype.element_ty, INTERP), mask=rm & ok)
         else:
             # ---- output-only route (+ the non-dual fold on flush steps), chunk by chunk
             for j in range(NJ):
@@ -566,7 +534,7 @@ def _gdn_replay_kernel(
                 u = bt_h * (v_c - al_h * (ec_h * skc + bk))
                 o = al_h * (ec_h * sqc + bq) + u * kq
                 if DUAL:
-                    tl.store(vb_ptr + (ent * HV + h) * DV + rr, _cast(v_c, vb_ptr.dtype.element_ty, INTERP),
+                    tl.store(vb_ptr + (ent * HV + h) * DV + rr, cast(v_c, vb_ptr.dtype.element_ty, INTERP),
                              mask=rm & ok)
                 elif not SPLIT:
                     if do_flush:
@@ -591,14 +559,14 @@ def _gdn_replay_kernel(
                         _ckpt_store(hi_ptr, hi_sc_ptr, row[:, None] * DK + cols[None, :], row, S,
                                     rm[:, None] & cmask[None, :], rm, HI_FP8, INTERP)
                 tl.store(ub_ptr + (ent * HV + h) * DV + rr, u, mask=rm & ok)
-                tl.store(o_ptr + b * sob + h * soh + rr, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
         # append the rest of entry n: k once per key head, g (and beta) once per head
         if r0 == 0:
             tl.store(gb_ptr + ent * HV + h0 + hidx, g2, mask=ok & (hidx < HP))
             if DUAL:
                 tl.store(bb_ptr + ent * HV + h0 + hidx, b2, mask=ok & (hidx < HP))
             if hs == 0:
-                tl.store(kb_ptr + (ent * HK + kh) * DK + cols, _cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
+                tl.store(kb_ptr + (ent * HK + kh) * DK + cols, cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
                                                                      INTERP), mask=cmask & ok)
 
 
@@ -705,7 +673,7 @@ def _gdn_flush_step_kernel(
                         ui = bi * (vi - ai * tl.sum(S * ki[None, :], 1))
                         S = ai * S + ui[:, None] * ki[None, :]
                     o = tl.sum(S * qn[None, :], 1)
-                    tl.store(o_ptr + b * sob + h * soh + rr, _cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                    tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
                     _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                 else:
                     wrun = 1.0    # w_i = prod_{i < j <= n} alpha_j, from the newest entry down
@@ -877,14 +845,14 @@ def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr,
     R = bd[None, :] * (Vd - eD[None, :] * SKn)
     Ud = mm(R, inv, SMALL_PREC, INTERP)                                       # drafts' u [BV, BT]
     O = eD[None, :] * SQn + mm(Ud, Mq, SMALL_PREC, INTERP)
-    tl.store(o_ptr + b * sob + tt[None, :] * sot + h * soh + rows[:, None], _cast(O, o_ptr.dtype.element_ty, INTERP),
+    tl.store(o_ptr + b * sob + tt[None, :] * sot + h * soh + rows[:, None], cast(O, o_ptr.dtype.element_ty, INTERP),
              mask=rmask[:, None] & tmask[None, :])
     pos = n + tt
     dent = slot64 * L + pos
     um = lrows[:, None] & (ltm & (pos < L))[None, :]
     tl.store(ub_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], Ud, mask=um)
     if DUAL:
-        tl.store(vb_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], _cast(Vd, vb_ptr.dtype.element_ty, INTERP),
+        tl.store(vb_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], cast(Vd, vb_ptr.dtype.element_ty, INTERP),
                  mask=um)
 
 
@@ -1075,7 +1043,7 @@ def _gdn_verify_kernel(
                 cm = pm[:, None] & (cols < DK)[None, :]
                 kr = tl.load(k_ptr + b * skb + tt[:, None] * skt + kh * skh + cols[None, :], mask=cm, other=0.0)
                 tl.store(kb_ptr + (dent * HK + kh)[:, None] * DK + cols[None, :],
-                         _cast(kr.to(tl.float32), kb_ptr.dtype.element_ty, INTERP), mask=cm)
+                         cast(kr.to(tl.float32), kb_ptr.dtype.element_ty, INTERP), mask=cm)
 
 
 # ----------------------------------------------------------------------------- host side

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import cast, silu, softplus
 from .mma import mma_acc, mma_precision
 from .offline import signature
 
@@ -207,56 +208,6 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int) -> dict:
 
 # ----------------------------------------------------------------------------- helpers
 @triton.jit
-def _softplus(v):
-    """softplus with the linear branch above 20 (same rule as reference.softplus);
-    log1p(e) via log(1+e) * e / ((1+e) - 1), accurate where 1 + e loses digits."""
-    e = tl.exp(tl.minimum(v, 20.0))
-    u = 1.0 + e
-    d = tl.where(u == 1.0, 1.0, u - 1.0)
-    lp = tl.where(u == 1.0, e, tl.log(u) * (e / d))
-    return tl.where(v > 20.0, v, lp)
-
-
-@triton.jit
-def _silu(z):
-    return z / (1.0 + tl.exp(-z))
-
-
-@triton.jit
-def _round_bf16_rne(v):
-    """fp32 -> nearest-even bf16 value (still fp32), by bit arithmetic."""
-    bits = v.to(tl.uint32, bitcast=True)
-    r = bits + 0x7FFF + ((bits >> 16) & 1)
-    r = (r >> 16) << 16
-    return r.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _round_e4m3_rne(v):
-    """fp32 -> nearest-even float8_e4m3fn value (still fp32), saturating at 448."""
-    a = tl.minimum(tl.abs(v), 448.0)
-    bits = a.to(tl.int32, bitcast=True)
-    qe = tl.maximum((bits >> 23) - 127, -6) - 3                # exponent of one quantum (3 mantissa bits)
-    q = ((qe + 127) << 23).to(tl.float32, bitcast=True)
-    r = ((a / q + 8388608.0) - 8388608.0) * q                  # round-half-even to a multiple of q
-    return tl.where(v < 0, -r, r)
-
-
-@triton.jit
-def _cast(v, dtype: tl.constexpr, EXACT: tl.constexpr):
-    """Round float32 v to a storage dtype. On the GPU (EXACT False) this is the hardware
-    conversion (round-to-nearest-even; fp8 saturating). Triton's CPU interpreter truncates
-    fp32 -> bf16 and mis-rounds fp8 at binade edges, so under the interpreter (EXACT True)
-    values are first rounded exactly with integer arithmetic; the final .to() is then exact."""
-    if EXACT:
-        if dtype == tl.bfloat16:
-            v = _round_bf16_rne(v)
-        elif dtype == tl.float8e4nv:
-            v = _round_e4m3_rne(v)
-    return v.to(dtype)
-
-
-@triton.jit
 def _load_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p, HAS_SCALE: tl.constexpr,
                 EV: tl.constexpr):
     """[BP, BN] float32 tile of a checkpoint (rows offs_p), dequantised with fp8 row scales.
@@ -280,7 +231,7 @@ def _store_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_
         sc = tl.where(amax > 0.0, amax / 448.0, 1.0)
         tl.store(sc_ptr + sbase + offs_p, sc, mask=mask_p)
         s = s / sc[:, None]
-    tl.store(ptr + base + offs_p[:, None] * stride_p + offs_n[None, :], _cast(s, ptr.dtype.element_ty, EXACT),
+    tl.store(ptr + base + offs_p[:, None] * stride_p + offs_n[None, :], cast(s, ptr.dtype.element_ty, EXACT),
              mask=mask, eviction_policy=EV)
 
 
@@ -367,8 +318,8 @@ def _finish_y(yv, xv, Dh, z_row, y_row, offs_p, mask_p, in_p, HAS_Z: tl.constexp
     """y = (yv + D x) * silu(z), stored for rows offs_p (padded rows: every operand is 0)."""
     yv = yv + Dh * xv
     if HAS_Z:
-        yv = yv * _silu(tl.load(z_row + offs_p, mask=mask_p, other=0.0).to(tl.float32))
-    tl.store(y_row + offs_p, _cast(yv, y_row.dtype.element_ty, EXACT), mask=in_p)
+        yv = yv * silu(tl.load(z_row + offs_p, mask=mask_p, other=0.0).to(tl.float32))
+    tl.store(y_row + offs_p, cast(yv, y_row.dtype.element_ty, EXACT), mask=in_p)
 
 
 @triton.jit
@@ -400,7 +351,7 @@ def _eager_kernel(
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
     A = tl.load(A_ptr + h).to(tl.float32)
     Dh = tl.load(D_ptr + h).to(tl.float32)
-    dt_v = _softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
+    dt_v = softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
     a = tl.exp(dt_v * A)
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = (offs_n < N) & live
@@ -511,15 +462,15 @@ def _replay_step_kernel(
                      mask=mask_l[:, None] & mask_p[None, :], other=0.0)
     A = A.to(tl.float32)
     Dh = Dh.to(tl.float32)
-    dt_n = _softplus(dt_raw.to(tl.float32) + dtb.to(tl.float32))
+    dt_n = softplus(dt_raw.to(tl.float32) + dtb.to(tl.float32))
     dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as stored in the buffer
     # buffered entries 0..n-1: per-head decay weights (shared by all rows)
     dt_i = dt_i.to(tl.float32)
     w, total = _buffer_weights(dt_i * A, dt_i, mask_l, dt_n * A)
     Cv = Cv.to(tl.float32)
-    Bn_buf = _cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+    Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
     Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
-    x_buf = _cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # entry n as stored
+    x_buf = cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # entry n as stored
     if FUSED:
         do_fold = n + 1 >= K
     else:
@@ -565,7 +516,7 @@ def _replay_step_kernel(
                 Sq = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_q, offs_n, s_ck_p, mask2, mask_q, HI_SCALE,
                                  "")
                 xq = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_q, mask=mask_q, other=0.0).to(tl.float32)
-                xqb = _cast(xq, bx_ptr.dtype.element_ty, EXACT).to(tl.float32)
+                xqb = cast(xq, bx_ptr.dtype.element_ty, EXACT).to(tl.float32)
                 Sq = total * Sq + _outer_sum(Xq * w[:, None], Bbf, USE_DOT, DOT_PREC, EXACT) \
                     + (dt_n * xqb)[:, None] * Bn[None, :]
                 _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_q, offs_n, mask2,
@@ -786,7 +737,7 @@ def _verify_kernel(
                                mask=mask_t[:, None] & in_n[None, :], other=0.0))                    # [BN, BT]
         Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
                      mask=in_l[:, None] & in_n[None, :], other=0.0)
-        Bd = _cast(tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
+        Bd = cast(tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
                            mask=mask_t[:, None] & in_n[None, :], other=0.0).to(tl.float32),
                    bB_ptr.dtype.element_ty, EXACT)
         Y = _mma_acc(S, CdT, Y, S_PREC, EXACT)
@@ -799,10 +750,10 @@ def _verify_kernel(
     A = tl.load(A_ptr + h).to(tl.float32)
     Dh = tl.load(D_ptr + h).to(tl.float32)
     bias = tl.load(dtb_ptr + h).to(tl.float32)
-    dd = _softplus(tl.load(dt_ptr + b * s_dt_b + offs_t * s_dt_t + h, mask=mask_t, other=0.0).to(tl.float32) + bias)
+    dd = softplus(tl.load(dt_ptr + b * s_dt_b + offs_t * s_dt_t + h, mask=mask_t, other=0.0).to(tl.float32) + bias)
     dd = tl.where(mask_t, dd.to(bdt_ptr.dtype.element_ty).to(tl.float32), 0.0)
     mask_pt = mask_p[:, None] & mask_t[None, :]
-    XdT = _cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_p[:, None],
+    XdT = cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_p[:, None],
                         mask=mask_pt, other=0.0).to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # [BP, BT]
     dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=in_l, other=0.0).to(tl.float32)
     XbT = tl.load(bx_ptr + bx_base + offs_l[None, :] * s_bx_l + offs_p[:, None],
@@ -829,10 +780,10 @@ def _verify_kernel(
     Y = _mma_acc(XdT, Wd, Y, X_PREC, EXACT)
     Y += Dh * XdT.to(tl.float32)
     if HAS_Z:
-        Y = Y * _silu(tl.load(z_ptr + b * s_z_b + offs_t[None, :] * s_z_t + h * s_z_h + offs_p[:, None],
+        Y = Y * silu(tl.load(z_ptr + b * s_z_b + offs_t[None, :] * s_z_t + h * s_z_h + offs_p[:, None],
                               mask=mask_pt, other=0.0).to(tl.float32))
     tl.store(y_ptr + b * s_y_b + offs_t[None, :] * s_y_t + h * s_y_h + offs_p[:, None],
-             _cast(Y, y_ptr.dtype.element_ty, EXACT), mask=in_p[:, None] & (offs_t < T)[None, :])
+             cast(Y, y_ptr.dtype.element_ty, EXACT), mask=in_p[:, None] & (offs_t < T)[None, :])
 
     # append the drafts at rows n..n+T-1
     pos = n + offs_t
@@ -846,7 +797,7 @@ def _verify_kernel(
             m2 = wr[:, None] & (offs_n < N)[None, :]
             Bd = tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :], mask=m2, other=0.0)
             tl.store(bB_ptr + bB_base + pos[:, None] * s_bB_l + offs_n[None, :],
-                     _cast(Bd.to(tl.float32), bB_ptr.dtype.element_ty, EXACT), mask=m2)
+                     cast(Bd.to(tl.float32), bB_ptr.dtype.element_ty, EXACT), mask=m2)
 
 
 # ----------------------------------------------------------------------------- cursor pass

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..reference import L2_EPS
+from .common import cast, silu, softplus
 from .offline import signature
 
 # Launch table: rows (max_batch, rows per program, num_warps); the first row with batch <=
@@ -55,18 +56,6 @@ def interpreting() -> bool:
         return bool(triton.knobs.runtime.interpret)
     except AttributeError:  # older triton without knobs
         return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-# ----------------------------------------------------------------------------- jit helpers
-@triton.jit
-def _softplus(v):
-    """softplus with the linear branch above 20 (reference.softplus); log1p(e) computed as
-    log(1+e) * e / ((1+e) - 1), accurate where 1 + e loses digits."""
-    e = tl.exp(tl.minimum(v, 20.0))
-    u = 1.0 + e
-    d = tl.where(u == 1.0, 1.0, u - 1.0)
-    lp = tl.where(u == 1.0, e, tl.log(u) * (e / d))
-    return tl.where(v > 20.0, v, lp)
 
 
 # ----------------------------------------------------------------------------- Mamba-2
@@ -105,24 +94,16 @@ def _mamba2_perdraft_kernel(
         xv = tl.load(x_ptr + b * s_x_b + t * s_x_t + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
         Bv = tl.load(B_ptr + b * s_B_b + t * s_B_t + g * s_B_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         Cv = tl.load(C_ptr + b * s_C_b + t * s_C_t + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        dtv = _softplus(tl.load(dt_ptr + b * s_dt_b + t * s_dt_t + h).to(tl.float32) + dtb)
+        dtv = softplus(tl.load(dt_ptr + b * s_dt_b + t * s_dt_t + h).to(tl.float32) + dtb)
         S = tl.exp(dtv * A) * S + (dtv * xv)[:, None] * Bv[None, :]
-        Ss = S
-        if EXACT:   # the CPU interpreter truncates fp32 -> bf16: round to nearest even first
-            if st_ptr.dtype.element_ty == tl.bfloat16:
-                bits = S.to(tl.uint32, bitcast=True)
-                Ss = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
         dst = tl.load(tbl_ptr + b * s_tbl_b + (c0 + 1 + t) % (T + 1)).to(tl.int64)
-        tl.store(st_ptr + tl.maximum(dst, 0) * s_st_s + tile, Ss.to(st_ptr.dtype.element_ty), mask=mask & (dst >= 0))
+        tl.store(st_ptr + tl.maximum(dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
+                 mask=mask & (dst >= 0))
         y = tl.sum(S * Cv[None, :], axis=1) + Dh * xv
         if HAS_Z:
             zv = tl.load(z_ptr + b * s_z_b + t * s_z_t + h * s_z_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-            y = y * (zv / (1.0 + tl.exp(-zv)))
-        if EXACT:
-            if y_ptr.dtype.element_ty == tl.bfloat16:
-                bits = y.to(tl.uint32, bitcast=True)
-                y = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
-        tl.store(y_ptr + b * s_y_b + t * s_y_t + h * s_y_h + offs_p, y.to(y_ptr.dtype.element_ty), mask=in_p)
+            y = y * silu(zv)
+        tl.store(y_ptr + b * s_y_b + t * s_y_t + h * s_y_h + offs_p, cast(y, y_ptr.dtype.element_ty, EXACT), mask=in_p)
 
 
 # ----------------------------------------------------------------------------- GDN
@@ -167,19 +148,11 @@ def _gdn_perdraft_kernel(
         sq = tl.sum(S * qn[None, :], 1)
         u = bt * (vv - alpha * sk)
         S = alpha * S + u[:, None] * kn[None, :]
-        Ss = S
-        if EXACT:   # the CPU interpreter truncates fp32 -> bf16: round to nearest even first
-            if st_ptr.dtype.element_ty == tl.bfloat16:
-                bits = S.to(tl.uint32, bitcast=True)
-                Ss = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
         dst = tl.load(tbl_ptr + b * s_tbl_b + (c0 + 1 + t) % (T + 1)).to(tl.int64)
-        tl.store(st_ptr + tl.maximum(dst, 0) * s_st_s + tile, Ss.to(st_ptr.dtype.element_ty), mask=mask & (dst >= 0))
+        tl.store(st_ptr + tl.maximum(dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
+                 mask=mask & (dst >= 0))
         o = alpha * sq + u * tl.sum(kn * qn, 0)
-        if EXACT:
-            if o_ptr.dtype.element_ty == tl.bfloat16:
-                bits = o.to(tl.uint32, bitcast=True)
-                o = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
-        tl.store(o_ptr + b * s_o_b + t * s_o_t + h * s_o_h + rows, o.to(o_ptr.dtype.element_ty), mask=in_v)
+        tl.store(o_ptr + b * s_o_b + t * s_o_t + h * s_o_h + rows, cast(o, o_ptr.dtype.element_ty, EXACT), mask=in_v)
 
 
 # ----------------------------------------------------------------------------- launchers

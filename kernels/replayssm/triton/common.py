@@ -1,0 +1,57 @@
+"""Elementwise @triton.jit helpers shared by the kernel modules (triton/mamba2.py, gdn.py,
+perdraft.py): the dt softplus and SiLU of the reference, and stores that round exactly like
+the GPU also under Triton's CPU interpreter."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softplus(v):
+    """softplus with the linear branch above 20 (same rule as reference.softplus);
+    log1p(e) via log(1+e) * e / ((1+e) - 1), accurate where 1 + e loses digits."""
+    e = tl.exp(tl.minimum(v, 20.0))
+    u = 1.0 + e
+    d = tl.where(u == 1.0, 1.0, u - 1.0)
+    lp = tl.where(u == 1.0, e, tl.log(u) * (e / d))
+    return tl.where(v > 20.0, v, lp)
+
+
+@triton.jit
+def silu(z):
+    return z / (1.0 + tl.exp(-z))
+
+
+@triton.jit
+def round_bf16_rne(v):
+    """fp32 -> nearest-even bf16 value (still fp32), by bit arithmetic."""
+    bits = v.to(tl.uint32, bitcast=True)
+    r = bits + 0x7FFF + ((bits >> 16) & 1)
+    r = (r >> 16) << 16
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_e4m3_rne(v):
+    """fp32 -> nearest-even float8_e4m3fn value (still fp32), saturating at 448."""
+    a = tl.minimum(tl.abs(v), 448.0)
+    bits = a.to(tl.int32, bitcast=True)
+    qe = tl.maximum((bits >> 23) - 127, -6) - 3                # exponent of one quantum (3 mantissa bits)
+    q = ((qe + 127) << 23).to(tl.float32, bitcast=True)
+    r = ((a / q + 8388608.0) - 8388608.0) * q                  # round-half-even to a multiple of q
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def cast(v, dtype: tl.constexpr, EXACT: tl.constexpr):
+    """Round float32 v to a storage dtype. On the GPU (EXACT False) this is the hardware
+    conversion (round-to-nearest-even; fp8 saturating). Triton's CPU interpreter truncates
+    fp32 -> bf16 and mis-rounds fp8 at binade edges, so under the interpreter (EXACT True)
+    values are first rounded exactly with integer arithmetic; the final .to() is then exact."""
+    if EXACT:
+        if dtype == tl.bfloat16:
+            v = round_bf16_rne(v)
+        elif dtype == tl.float8e4nv:
+            v = round_e4m3_rne(v)
+    return v.to(dtype)
