@@ -20,26 +20,16 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
+from .backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
 from .state import ByteCounter, GDNReplayState
 
-BACKENDS = ("triton", "reference")
 
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 
 def _kernels():
     from .triton import gdn as tk  # imported lazily: the reference backend needs no triton
     return tk
 
-
-def _into(out, o):
-    if out is None:
-        return o
-    out.copy_(o)
-    return out
 
 
 def _live(state_indices, batch, device):
@@ -50,9 +40,9 @@ def _live(state_indices, batch, device):
 def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, scale=None,
                counter: ByteCounter | None = None, *, backend: str = "triton", out=None, config=None):
     """One eager step: reads and writes state [S, Hv, dv, dk] in place. Returns o [b, Hv, dv]."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
-        return _into(out, ref.gdn_eager_step(state, q, k, v, g, beta, state_indices, scale, counter))
+        return into(out, ref.gdn_eager_step(state, q, k, v, g, beta, state_indices, scale, counter))
     o = _kernels().eager_step(state, q, k, v, g, beta, state_indices, scale, out, config)
     if counter is not None:
         n = len(_live(state_indices, v.shape[0], v.device)[0])
@@ -68,9 +58,9 @@ def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, scale=
 def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, *,
                 backend: str = "triton", out=None, config=None):
     """One ReplaySSM step (output-only route; fused flush where cursor + 1 >= K). Returns o [b, Hv, dv]."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
-        return _into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))
+        return into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))
     if rs.counter is not None:
         _count_replay(rs, q, k, v, g, beta, state_indices)
     return _kernels().replay_step(rs, q, k, v, g, beta, state_indices, scale, out, config)
@@ -78,7 +68,7 @@ def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=
 
 def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backend: str = "triton", config=None) -> None:
     """Fold every committed entry of `slots` (default: all slots; those with cursor 0 are left alone)."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
         return ref.gdn_flush(rs, slots)
     if rs.counter is not None:
@@ -95,9 +85,9 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
            backend: str = "triton", out=None, config=None):
     """Outputs of T drafts from checkpoint + buffer, no per-draft state; drafts are written at
     cursor..cursor+T-1, the cursor does not move. Returns o [b, T, Hv, dv]."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
-        return _into(out, ref.gdn_verify(rs, q, k, v, g, beta, state_indices, scale))
+        return into(out, ref.gdn_verify(rs, q, k, v, g, beta, state_indices, scale))
     if rs.counter is not None:
         rows, slots = _live(state_indices, v.shape[0], v.device)
         n = rs.cursor[slots].long()
@@ -112,7 +102,7 @@ def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, ba
            config=None) -> None:
     """Accept `accepted[b]` drafts per row (a cursor move) and flush sequences whose cursor
     reached the flush period; on the triton backend the decision is made on the device."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
         return ref.gdn_commit(rs, accepted, state_indices)
     if rs.counter is not None:

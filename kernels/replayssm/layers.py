@@ -47,12 +47,12 @@ import torch
 import torch.nn.functional as F
 
 from . import reference as R
+from .backends import BACKENDS, check_backend
 from .inputs import GDNShape, Mamba2Shape, mamba2_params, random_state
 from .state import GDNReplayState, Mamba2ReplayState, dtype_of
 
 METHOD_MODES = {"replay": "replay", "replay-dual": "dual", "replay-shared-low": "shared-low"}
 METHODS = ("eager",) + tuple(METHOD_MODES)
-BACKENDS = ("reference", "triton")
 
 
 def method_mode(method: str) -> str | None:
@@ -89,8 +89,7 @@ class DecodeLayer:
                  buffer_len: int = 16, flush_period: int | None = None, state_dtype="float32", lo_dtype=None,
                  device="cpu", *, dtype=torch.bfloat16, seed: int = 0, slots: int | None = None,
                  conv_kernel: int | None = None, eps: float | None = None, weights_from: "DecodeLayer | None" = None):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+        check_backend(backend)
         self.hidden, self.dims, self.method, self.backend = hidden, dims, method, backend
         self.mode = method_mode(method)
         self.batch = batch

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
+from .backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
 from .state import ByteCounter, Mamba2ReplayState
 
-BACKENDS = ("triton", "reference")
 
 
 def _tk():
@@ -31,16 +31,6 @@ def _tk():
     return tk
 
 
-def _into(out, y):
-    if out is None:
-        return y
-    out.copy_(y)
-    return out
-
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 
 # ----------------------------------------------------------------------------- byte counting (host side)
@@ -88,9 +78,9 @@ def eager_step(state: torch.Tensor, x, dt, A, B, C, D, dt_bias, z=None, state_in
 
     state [S, H, P, N] fp32 / bf16 / fp16 (updated in place). Returns y [b, H, P] in x's dtype.
     """
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
-        return _into(out, ref.mamba2_eager_step(state, x, dt, A, B, C, D, dt_bias, z, state_indices, counter))
+        return into(out, ref.mamba2_eager_step(state, x, dt, A, B, C, D, dt_bias, z, state_indices, counter))
     if counter is not None:
         _count_eager(counter, state, x, dt, B, C, z, state_indices)
     return _tk().eager_step(state, x, dt, A, B, C, D, dt_bias, z, state_indices, out=out)
@@ -105,11 +95,11 @@ def replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state
     advance_cursor=False (Triton only) skips the cursor pass, for callers whose layers
     share one cursor tensor and advance it once per step (advance_cursors).
     """
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
         if not advance_cursor:
             raise ValueError("advance_cursor=False needs backend='triton'")
-        return _into(out, ref.mamba2_replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices))
+        return into(out, ref.mamba2_replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices))
     if rs.counter is not None:
         _count_replay(rs, x, dt, B, C, z, state_indices)
     return _tk().replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, advance=advance_cursor, out=out)
@@ -125,7 +115,7 @@ def flush(rs: Mamba2ReplayState, A, slots: torch.Tensor | None = None, backend: 
     """Fold every committed entry of `slots` (default: all slots; Triton: negative = skip)
     into the checkpoint (and refresh the low copy); their cursors return to 0. Sequences
     with cursor 0 are untouched."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
         return ref.mamba2_flush(rs, A, slots)
     if rs.counter is not None:
@@ -142,9 +132,9 @@ def verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indi
     per-draft state. x [b, T, H, P], dt [b, T, H], B/C [b, T, G, N], z [b, T, H, P] or None.
     Drafts are written at buffer rows cursor..cursor+T-1 (capacity must allow it: L >= K + T);
     the cursor does not move (commit moves it). Returns y [b, T, H, P]."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
-        return _into(out, ref.mamba2_verify(rs, x, dt, A, B, C, D, dt_bias, z, state_indices))
+        return into(out, ref.mamba2_verify(rs, x, dt, A, B, C, D, dt_bias, z, state_indices))
     if rs.counter is not None:
         rows, slots = _live_slots(state_indices, x.shape[0], x.device)
         rb, T = rs.buffer_row_bytes(), x.shape[1]
@@ -159,7 +149,7 @@ def commit(rs: Mamba2ReplayState, A, accepted: torch.Tensor, state_indices=None,
     """Accept accepted[b] (0..T, a device tensor) drafts per row: a cursor move; sequences
     whose cursor reaches K fold all their committed entries into the checkpoint (on the
     device) and return to cursor 0."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
         return ref.mamba2_commit(rs, A, accepted, state_indices)
     if rs.counter is not None:

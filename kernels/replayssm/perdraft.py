@@ -29,26 +29,16 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
+from .backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
 from .state import ByteCounter
 
-BACKENDS = ("triton", "reference")
 
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 
 def _tk():
     from .triton import perdraft as tk   # lazily: TRITON_INTERPRET set by the caller first still applies
     return tk
 
-
-def _into(out, y):
-    if out is None:
-        return y
-    out.copy_(y)
-    return out
 
 
 def slot_table(idx: torch.Tensor, T: int, base: int = 0) -> torch.Tensor:
@@ -76,9 +66,9 @@ def _count(counter, states, slot_table, start, io_read, io_write) -> None:
 def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, *, backend: str = "triton",
                   out=None, counter: ByteCounter | None = None, config=None) -> torch.Tensor:
     """Per-draft verification of T tokens (Mamba-2); see the module docstring."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
-        return _into(out, ref.mamba2_verify_perdraft(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z,
+        return into(out, ref.mamba2_verify_perdraft(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z,
                                                      counter))
     if counter is not None:
         _count(counter, states, slot_table, start, ref._mamba2_io_bytes(x, dt, B, C, z), x[0].numel() * x.element_size())
@@ -88,9 +78,9 @@ def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None,
 def gdn_verify(states, slot_table, start, q, k, v, g, beta, scale=None, *, backend: str = "triton", out=None,
                counter: ByteCounter | None = None, config=None) -> torch.Tensor:
     """Per-draft verification of T tokens (GDN); see the module docstring."""
-    _check_backend(backend)
+    check_backend(backend)
     if backend == "reference":
-        return _into(out, ref.gdn_verify_perdraft(states, slot_table, start, q, k, v, g, beta, scale, counter))
+        return into(out, ref.gdn_verify_perdraft(states, slot_table, start, q, k, v, g, beta, scale, counter))
     if counter is not None:
         _count(counter, states, slot_table, start, ref._gdn_io_bytes(q, k, v, g, beta), v[0].numel() * v.element_size())
     return _tk().verify_gdn(states, slot_table, start, q, k, v, g, beta, scale, out, config)

@@ -567,7 +567,7 @@ def _gdn_replay_kernel(
                 tl.store(bb_ptr + ent * HV + h0 + hidx, b2, mask=ok & (hidx < HP))
             if hs == 0:
                 tl.store(kb_ptr + (ent * HK + kh) * DK + cols, cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
-                                                                     INTERP), mask=cmask & ok)
+                                                                    INTERP), mask=cmask & ok)
 
 
 @triton.jit

@@ -738,7 +738,7 @@ def _verify_kernel(
         Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
                      mask=in_l[:, None] & in_n[None, :], other=0.0)
         Bd = cast(tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
-                           mask=mask_t[:, None] & in_n[None, :], other=0.0).to(tl.float32),
+                          mask=mask_t[:, None] & in_n[None, :], other=0.0).to(tl.float32),
                    bB_ptr.dtype.element_ty, EXACT)
         Y = _mma_acc(S, CdT, Y, S_PREC, EXACT)
         CB = _mma_acc(Bb, CdT, CB, BC_PREC, EXACT)
@@ -754,7 +754,7 @@ def _verify_kernel(
     dd = tl.where(mask_t, dd.to(bdt_ptr.dtype.element_ty).to(tl.float32), 0.0)
     mask_pt = mask_p[:, None] & mask_t[None, :]
     XdT = cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_p[:, None],
-                        mask=mask_pt, other=0.0).to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # [BP, BT]
+                       mask=mask_pt, other=0.0).to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # [BP, BT]
     dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=in_l, other=0.0).to(tl.float32)
     XbT = tl.load(bx_ptr + bx_base + offs_l[None, :] * s_bx_l + offs_p[:, None],
                   mask=in_l[None, :] & mask_p[:, None], other=0.0)                                  # [BP, BL]
