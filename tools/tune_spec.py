@@ -33,10 +33,8 @@ ceiling measured here, x_perdraft = perdraft us / us and x_vllm = vllm-spec us /
 model, batch, T, measured in this run). A summary of the best variant per case follows, and a
 CSV (--csv, default $OUT/tune_spec.csv when OUT is set) gets one line per measurement.
 
-GDN hook: the variant dict goes into replayssm.triton.gdn.OVERRIDE["verify"] as given (plus
-the aliases block_v -> BLOCK_V, warps -> num_warps). When the module has no OVERRIDE (an older
-tree), this script creates it and merges it into the verify's pick_config override through a
-wrapper, and says so. Each spec-replay row shows the launch its variant resolved to
+A variant's dict goes into the family module's OVERRIDE["verify"] as given (a "fold" key into
+OVERRIDE["fold"]). Each spec-replay row shows the launch its variant resolved to
 (launch_desc; Mamba-2: P<rows> n<cols per MMA> w<warps> <state-tile precision>
 x:<x precision> early|late; GDN: V<rows> w<warps> k<dk per MMA> <precision> early|late
 [prepass] [head-loop] [s<stages>]); a
@@ -45,8 +43,8 @@ not read, or clamping) is flagged SAME LAUNCH and still timed (a repeat: the run
 
 --cpu-smoke: the same flow on the CPU under TRITON_INTERPRET=1 (set by the script) with
 tiny-mamba2 / tiny-gdn, batch 2 (3 for p2), T = 2, K = 2, L = 4, one sample per timing, the
-dual and p2 cases with two / one variants, two compile jobs through the worker pool; the
-interpreter is made to accept tl.dot input_precision "bf16x3" (interpreter_bf16x3). It tests
+dual and p2 cases with two / one variants, two compile jobs through the worker pool (under the
+interpreter the kernels compute every dot in fp32, whatever its precision). It tests
 the script, not the kernels' speed. Takes about 1-2 minutes on 2 cores.
 
 usage:  python3 tools/tune_spec.py [--deadline 420] [--models super,q122b,nano,q4b] [--csv PATH]
@@ -98,8 +96,7 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     "b128w4": dict(block_p=128, warps=4),
     "b128w2": dict(block_p=128, warps=2),
 }
-# OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given (opaque) except two aliases
-# (GDN_ALIASES: block_v -> BLOCK_V, warps -> num_warps). The module's hook reads BLOCK_V (rows
+# OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
 # OVERRIDE["fold"] (BLOCK_V, num_warps) of the commit's fold.
 GDN_VARIANTS: dict[str, dict] = {
@@ -122,7 +119,6 @@ GDN_VARIANTS: dict[str, dict] = {
     "pp-bv128w8-s2": dict(BLOCK_V=128, num_warps=8, PREPASS=True, num_stages=2),
     "bv32w2-s2": dict(BLOCK_V=32, num_warps=2, num_stages=2),
 }
-GDN_ALIASES = {"block_v": "BLOCK_V", "warps": "num_warps"}
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "hl-bv32w2"]}
 PREC_KEYS = ("s_prec", "S_PREC")     # the fp32 state tile's dot precision: not for a bf16 read copy
@@ -161,36 +157,18 @@ def note(msg: str) -> None:
 
 
 # ----------------------------------------------------------------------------- variant hooks
-_GDN_SHIM = False
-
-
-def _gdn_module():
-    from replayssm.triton import gdn as gk
-    global _GDN_SHIM
-    if not hasattr(gk, "OVERRIDE"):
-        # No tuning hook in the module (yet): create it and read it through a wrapper of
-        # pick_config, which plan_verify looks up as a module global.
-        gk.OVERRIDE = {}
-        orig = gk.pick_config
-
-        def pick_config(op, batch, dv, dk, L=1, override=None, state_bytes=4):
-            if op == "verify":
-                ov = gk.OVERRIDE.get("verify") or {}
-                if ov:
-                    override = {**ov, **(override or {})}
-            return orig(op, batch, dv, dk, L, override, state_bytes)
-
-        gk.pick_config = pick_config
-        _GDN_SHIM = True
-    return gk
+def _module(op: str):
+    """The Triton kernel module of a family (imported on first use)."""
+    if op == "mamba2":
+        from replayssm.triton import mamba2 as mod
+    else:
+        from replayssm.triton import gdn as mod
+    return mod
 
 
 def verify_override_dict(op: str) -> dict:
-    """The module's OVERRIDE["verify"] dict (created if missing)."""
-    if op == "mamba2":
-        from replayssm.triton import mamba2 as tk
-        return tk.OVERRIDE.setdefault("verify", {})
-    return _gdn_module().OVERRIDE.setdefault("verify", {})
+    """The module's OVERRIDE["verify"] dict."""
+    return _module(op).OVERRIDE.setdefault("verify", {})
 
 
 def apply_variant(op: str, ov: dict) -> None:
@@ -199,16 +177,8 @@ def apply_variant(op: str, ov: dict) -> None:
     d.clear()
     ov = dict(ov)
     fold = ov.pop("fold", {})
-    if op == "mamba2":
-        from replayssm.triton import mamba2 as mod
-    else:
-        mod = _gdn_module()
-    mod.OVERRIDE["fold"] = dict(fold)
+    _module(op).OVERRIDE["fold"] = dict(fold)
     d.update(ov)
-    if op == "gdn":
-        for a, k in GDN_ALIASES.items():
-            if a in ov and k not in ov:
-                d[k] = ov[a]
 
 
 def clear_variants() -> None:
@@ -306,7 +276,7 @@ def launch_desc(case, model) -> str:
         m = la.meta
         return (f"P{m['BLOCK_P']} n{m['BLOCK_N']} w{m['num_warps']} {m['S_PREC']}"
                 f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}")
-    gk = _gdn_module()
+    gk = _module("gdn")
     rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
                                  mode, "float32", lo, torch.bfloat16, "meta")
     o = torch.empty(inp["v"].shape, dtype=inp["v"].dtype, device="meta")
@@ -323,24 +293,6 @@ def launch_desc(case, model) -> str:
     if "num_stages" in m:
         extra.append(f"s{m['num_stages']}")
     return " ".join([out] + extra)
-
-
-def interpreter_bf16x3() -> bool:
-    """Let Triton's interpreter accept tl.dot(input_precision="bf16x3" / "bf16x6"), as the
-    NVIDIA backend does. The interpreter evaluates every dot as an fp32 numpy matmul whatever
-    the precision (it does so for "tf32x3" too), so this changes no result; without it a
-    kernel that passes "bf16x3" to tl.dot fails under the interpreter before it runs.
-    Smoke run only. True if the interpreter needed it."""
-    try:
-        from triton.runtime import interpreter as ti
-        ib = ti.interpreter_builder
-        allowed = tuple(ib.options.allowed_dot_input_precisions)
-        extra = tuple(p for p in ("bf16x3", "bf16x6") if p not in allowed)
-        if extra:
-            ib.options = dataclasses.replace(ib.options, allowed_dot_input_precisions=allowed + extra)
-        return bool(extra)
-    except Exception:  # noqa: BLE001 - another Triton: leave it
-        return False
 
 
 def short_err(e: BaseException) -> str:
@@ -365,8 +317,6 @@ def _warm_job(job) -> str:
                 return ""
             peers.check_vllm_spec_layer(op, model.ssm, 2, case.spec_window, case.state_dtype, dev, steps=1)
             return ""
-        if dev == "cpu":
-            interpreter_bf16x3()
         apply_variant(op, ov)
         c = dataclasses.replace(case, batch=2, device=dev)
         check_spec(c, model, dev, rounds=2)
@@ -585,14 +535,6 @@ def main() -> int:
     name = torch.cuda.get_device_name() if args.dev == "cuda" else "cpu (Triton interpreter)"
     log(f"{name}; torch {torch.__version__}, triton {triton.__version__}; git {sha}; "
         f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}")
-    if args.cpu_smoke and interpreter_bf16x3():
-        note("smoke run: Triton's interpreter made to accept tl.dot input_precision bf16x3/bf16x6 (it computes "
-             "every dot in fp32 anyway); without this the s_prec=bf16x3 variants fail under the interpreter")
-    _gdn_module()
-    if _GDN_SHIM:
-        note("replayssm.triton.gdn has no OVERRIDE: created it; OVERRIDE['verify'] is merged into the "
-             "verify's pick_config override by a wrapper in this script (keys the kernel plan does not read "
-             "have no effect)")
     from replaybench.runners import peers
     vllm_ok = (not args.no_vllm) and args.dev == "cuda" and peers.vllm_available()
     if args.dev == "cuda" and not vllm_ok and not args.no_vllm:
