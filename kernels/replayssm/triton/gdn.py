@@ -42,6 +42,7 @@ import triton.language as tl
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
 from .common import cast
+from .launch import last_contig
 from .mma import mm, mma_acc, mma_precision
 from .offline import signature
 
@@ -1055,10 +1056,6 @@ def _rows_index(state_indices: torch.Tensor | None, batch: int, device) -> torch
     return state_indices
 
 
-def _last_contig(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def _ckpt_args(ck):
     """(data, scale-or-dummy, is_fp8) of a state.Checkpoint."""
     if ck.scale is not None:
@@ -1280,7 +1277,7 @@ def _scale(scale, dk: int) -> float:
 
 def eager_step(state, q, k, v, g, beta, state_indices=None, scale=None, out=None, config=None):
     """Eager GDN step: state [S, Hv, dv, dk] updated in place; returns o [b, Hv, dv] (v's dtype)."""
-    q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
+    q, k, v = last_contig(q), last_contig(k), last_contig(v)
     o = torch.empty_like(v) if out is None else out
     if v.shape[0]:
         _launch(plan_eager(state, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config))
@@ -1290,7 +1287,7 @@ def eager_step(state, q, k, v, g, beta, state_indices=None, scale=None, out=None
 def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, out=None, config=None):
     """ReplaySSM GDN step (flush decided on the device: fused, or a second launch when the
     launch table says SPLIT); returns o [b, Hv, dv] (v's dtype)."""
-    q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
+    q, k, v = last_contig(q), last_contig(k), last_contig(v)
     o = torch.empty_like(v) if out is None else out
     if v.shape[0]:
         for plan in plan_replay(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config):
@@ -1320,7 +1317,7 @@ def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, confi
 
 def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, out=None, config=None):
     """Outputs of T drafts (q/k [b,T,Hk,dk], v [b,T,Hv,dv], g/beta [b,T,Hv]) -> o [b,T,Hv,dv]."""
-    q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
+    q, k, v = last_contig(q), last_contig(k), last_contig(v)
     o = torch.empty_like(v) if out is None else out
     if v.shape[0]:
         for plan in plan_verify_all(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config):

@@ -40,13 +40,13 @@ advance_cursor=False) then replayssm.mamba2.advance_cursors).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from .common import cast, silu, softplus
+from .launch import Launch, last_contig, out_like
 from .mma import mma_acc, mma_precision
 from .offline import signature
 
@@ -829,22 +829,6 @@ def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
 
 
 # ----------------------------------------------------------------------------- launchers
-def _last_contig(t):
-    """t with a unit stride in its last dim (a copy otherwise; activations and params only)."""
-    if t is not None and t.stride(-1) != 1:
-        t = t.contiguous()
-    return t
-
-
-def _out(out, x):
-    """The output tensor: `out` (shape of x, unit last stride) or a new one."""
-    if out is None:
-        return torch.empty_like(x)
-    if out.shape != x.shape or out.stride(-1) != 1:
-        raise ValueError(f"out must have shape {tuple(x.shape)} and a unit last stride")
-    return out
-
-
 def _ckpt_args(ck, like):
     """(data, scale, has_scale) of a checkpoint; `like` stands in for a missing pointer."""
     if ck is None:
@@ -883,20 +867,6 @@ def _state_bytes(ck):
     return ck.data.element_size()
 
 
-@dataclass
-class Launch:
-    """One kernel launch, recorded: kernel[grid](*args, **meta). Plans return these so a
-    launch can be run, inspected, or compiled offline (compile_offline) without a GPU."""
-
-    kernel: object
-    grid: tuple
-    args: tuple
-    meta: dict
-
-    def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, **self.meta)
-
-
 def _record(kernel, grid):
     return lambda *args, **meta: Launch(kernel, grid, args, meta)
 
@@ -910,10 +880,10 @@ def plan_eager_step(state, x, dt, A, B, C, D, dt_bias, z=None, state_indices=Non
     """([launches], y) of the eager step; see eager_step."""
     if state.stride(-1) != 1:
         raise ValueError("state needs a unit stride in its last dim")
-    x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
+    x, dt, B, C, z, A, D, dt_bias = (last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
     bsz, H, P = x.shape
     N, G = B.shape[-1], B.shape[1]
-    y = _out(out, x)
+    y = out_like(out, x)
     if bsz == 0:
         return [], y
     block_p, chunks, warps = launch_config("eager", P, state.element_size(), bsz, H)
@@ -971,11 +941,11 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     cursor by ticket when `advance`); split route: the output-only step kernel + the flush
     kernel. With the ticket off (knob "ticket", REPLAY_CONFIGS) the cursor pass follows when
     `advance`."""
-    x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
+    x, dt, B, C, z, A, D, dt_bias = (last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
     bsz, H, P = x.shape
     N, G = B.shape[-1], B.shape[1]
     L = rs.capacity
-    y = _out(out, x)
+    y = out_like(out, x)
     if bsz == 0:
         return [], y
     _check_ckpts(rs.hi, rs.lo)
@@ -1039,7 +1009,7 @@ def plan_fold(rs, A, idx, thresh: int, accepted=None):
     rows = idx.shape[0]
     if rows == 0:
         return []
-    A = _last_contig(A)
+    A = last_contig(A)
     _check_ckpts(rs.hi, rs.lo)
     H, P, N = rs.hi.data.shape[1:]
     G = rs.B.shape[2]
@@ -1102,11 +1072,11 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     one [BLOCK_P, N] state tile per program, BLOCK_P from CONFIG_TABLE["verify"] (or
     OVERRIDE["verify"]: block_p, warps, early_buf, s_prec, x_prec, chunk_n), every tile dim
     >= 16 (tl.dot)."""
-    x, dt, B, C, z, A, D, dt_bias = (_last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
+    x, dt, B, C, z, A, D, dt_bias = (last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
     bsz, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
     L = rs.capacity
-    y = _out(out, x)
+    y = out_like(out, x)
     if bsz == 0 or T == 0:
         return [], y
     _check_ckpts(rs.hi, rs.lo)

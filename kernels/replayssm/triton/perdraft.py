@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import os
 
-import torch
 import triton
 import triton.language as tl
 
 from ..reference import L2_EPS
 from .common import cast, silu, softplus
+from .launch import Launch, last_contig, out_like
 from .offline import signature
 
 # Launch table: rows (max_batch, rows per program, num_warps); the first row with batch <=
@@ -156,29 +156,6 @@ def _gdn_perdraft_kernel(
 
 
 # ----------------------------------------------------------------------------- launchers
-class Launch:
-    """One recorded launch kernel[grid](*args, **meta) (runnable, or compiled offline with
-    replayssm.triton.mamba2.compile_offline)."""
-
-    def __init__(self, kernel, grid, args, meta):
-        self.kernel, self.grid, self.args, self.meta = kernel, grid, args, meta
-
-    def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, **self.meta)
-
-
-def _lc(t):
-    return t if t is None or t.stride(-1) == 1 else t.contiguous()
-
-
-def _out(out, like):
-    if out is None:
-        return torch.empty_like(like)
-    if out.shape != like.shape or out.stride(-1) != 1:
-        raise ValueError(f"out must have shape {tuple(like.shape)} and a unit last stride")
-    return out
-
-
 def _check(states, slot_table, start, batch, T):
     if states.stride(-1) != 1:
         raise ValueError("states need a unit stride in their last dim")
@@ -191,11 +168,11 @@ def _check(states, slot_table, start, batch, T):
 
 def plan_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, out=None, config=None):
     """([launch], y) of mamba2 per-draft verification (see verify_mamba2)."""
-    x, dt, B, C, z, A, D, dt_bias = (_lc(t) for t in (x, dt, B, C, z, A, D, dt_bias))
+    x, dt, B, C, z, A, D, dt_bias = (last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
     bsz, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     _check(states, slot_table, start, bsz, T)
-    y = _out(out, x)
+    y = out_like(out, x)
     if bsz == 0 or T == 0:
         return [], y
     cfg = pick_config("mamba2", bsz, P, config)
@@ -223,13 +200,13 @@ def verify_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None,
 
 def plan_gdn(states, slot_table, start, q, k, v, g, beta, scale=None, out=None, config=None):
     """([launch], o) of GDN per-draft verification (see verify_gdn)."""
-    q, k, v, g, beta = (_lc(t) for t in (q, k, v, g, beta))
+    q, k, v, g, beta = (last_contig(t) for t in (q, k, v, g, beta))
     bsz, T, Hv, dv = v.shape
     Hk, dk = q.shape[2], q.shape[3]
     if Hv % Hk:
         raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
     _check(states, slot_table, start, bsz, T)
-    o = _out(out, v)
+    o = out_like(out, v)
     if bsz == 0 or T == 0:
         return [], o
     scale = dk ** -0.5 if scale is None else float(scale)

@@ -1,0 +1,37 @@
+"""Host-side pieces the kernel modules' launchers share: a recorded launch (run it, inspect it,
+or compile it offline without a GPU), and the argument normalisation before a launch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Launch:
+    """One kernel launch, recorded: kernel[grid](*args, **meta). Plans return these so a
+    launch can be run, inspected, or compiled offline (compile_offline) without a GPU."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    meta: dict
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.meta)
+
+
+def last_contig(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t with a unit stride in its last dim (a copy otherwise; activations and params only)."""
+    if t is not None and t.stride(-1) != 1:
+        t = t.contiguous()
+    return t
+
+
+def out_like(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """The output tensor: `out` (shape of x, unit last stride) or a new one."""
+    if out is None:
+        return torch.empty_like(x)
+    if out.shape != x.shape or out.stride(-1) != 1:
+        raise ValueError(f"out must have shape {tuple(x.shape)} and a unit last stride")
+    return out
