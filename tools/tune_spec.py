@@ -47,7 +47,7 @@ dual and p2 cases with two / one variants, two compile jobs through the worker p
 interpreter the kernels compute every dot in fp32, whatever its precision). It tests
 the script, not the kernels' speed. Takes about 1-2 minutes on 2 cores.
 
-usage:  python3 tools/tune_spec.py [--deadline 420] [--models super,q122b,nano,q4b] [--csv PATH]
+usage:  python3 tools/tune_spec.py [--deadline 420] [--models super,q122b,nano,q4b] [--variants a,b] [--csv PATH]
         TRITON_INTERPRET=1 python3 tools/tune_spec.py --cpu-smoke   (script check on a CPU, tiny models)
 """
 from __future__ import annotations
@@ -224,9 +224,16 @@ def plan(args) -> list[dict]:
     for n in names:
         if n not in STUDY:
             raise SystemExit(f"--models: unknown {n!r}; allowed: {', '.join(STUDY)}")
-    out = [g(0, k, 256, "none", True) for k in ("super", "q122b", "nano", "q4b") if k in names]
-    out += [g(1, k, 256, "bfloat16", False) for k in ("super", "q122b") if k in names]
-    out += [g(2, k, 32, "none", True) for k in ("super", "q122b") if k in names]
+    keep = None
+    if args.variants:
+        keep = ["default"] + [v for v in args.variants.split(",") if v]
+        unknown = [v for v in keep if v not in MAMBA2_VARIANTS and v not in GDN_VARIANTS]
+        if unknown:
+            raise SystemExit(f"--variants: unknown {', '.join(unknown)}; allowed: "
+                             f"{', '.join(sorted(set(MAMBA2_VARIANTS) | set(GDN_VARIANTS)))}")
+    out = [g(0, k, 256, "none", True, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
+    out += [g(1, k, 256, "bfloat16", False, keep) for k in ("super", "q122b") if k in names]
+    out += [g(2, k, 32, "none", True, keep) for k in ("super", "q122b") if k in names]
     return out
 
 
@@ -507,6 +514,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--deadline", type=float, default=420.0, help="seconds after start: no new measurement")
     ap.add_argument("--models", default=",".join(STUDY), help="of: " + ", ".join(STUDY))
+    ap.add_argument("--variants", default="", help="comma list of variant names to measure (plus default; "
+                    "a family measures the ones it has); default: all")
     ap.add_argument("--T", type=int, default=T_SPEC, help="draft window (default 4)")
     ap.add_argument("--K", type=int, default=K, help="flush period (default 16; buffer_len = K + T)")
     ap.add_argument("--max-time", type=float, default=0.5, help="timing: max seconds of samples per measurement")
