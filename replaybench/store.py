@@ -84,12 +84,13 @@ def git_info(path: str | Path | None = None) -> dict:
             return None
         return r.stdout.strip() if r.returncode == 0 else None
 
-    sha = git("rev-parse", "HEAD")
-    if sha is None and os.environ.get("REPLAYBENCH_GIT_SHA"):
-        # a copy of the tree without .git (the GPU machine): the sha and dirty flag of the
-        # checkout it was copied from, passed along by tools/device_run.sh
+    if os.environ.get("REPLAYBENCH_GIT_SHA"):
+        # a copy of the tree (the GPU machine: no .git, or a stale one left from an earlier
+        # copy): the sha and dirty flag of the checkout it was copied from, written by
+        # tools/git_sha.sh and exported by tools/device_env.sh. Set explicitly, so it wins.
         sha, _, flag = os.environ["REPLAYBENCH_GIT_SHA"].partition(" ")
         return {"sha": sha, "dirty": flag == "dirty", "branch": None, "source": "REPLAYBENCH_GIT_SHA"}
+    sha = git("rev-parse", "HEAD")
     status = git("status", "--porcelain")
     dirty = None
     if status is not None:

@@ -149,3 +149,15 @@ def test_run_ids():
     for bad in ("../x", "a/b", "", ".hidden"):
         with pytest.raises(StoreError):
             validate_run_id(bad)
+
+
+def test_git_sha_from_environment_wins_over_a_stale_checkout(tmp_path, monkeypatch):
+    # the GPU machine's copy of the tree may carry an old .git: the sha written by
+    # tools/git_sha.sh on the real checkout must be what the manifest records
+    from replaybench.store import git_info
+    monkeypatch.setenv("REPLAYBENCH_GIT_SHA", "abc123 dirty")
+    assert git_info() == {"sha": "abc123", "dirty": True, "branch": None, "source": "REPLAYBENCH_GIT_SHA"}
+    monkeypatch.setenv("REPLAYBENCH_GIT_SHA", "def456 clean")
+    assert git_info()["dirty"] is False
+    monkeypatch.delenv("REPLAYBENCH_GIT_SHA")
+    assert git_info().get("source") is None
