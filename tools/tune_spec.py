@@ -118,6 +118,15 @@ GDN_VARIANTS: dict[str, dict] = {
     "pp-bv64w4-s2": dict(BLOCK_V=64, num_warps=4, PREPASS=True, num_stages=2),
     "pp-bv128w8-s2": dict(BLOCK_V=128, num_warps=8, PREPASS=True, num_stages=2),
     "bv32w2-s2": dict(BLOCK_V=32, num_warps=2, num_stages=2),
+    # broadcast-FMA products at the true tile sizes (FMA: T drafts -> next_pow2(T) columns, not 16);
+    # sm_90 registers at Qwen3.5-122B fp32 T4: 32x4w k16 128, 64x4w k16 168, 16x2w k32 128, 64x8w k32 213
+    "fma-bv32w4-k16": dict(FMA=True, BLOCK_V=32, num_warps=4, CHUNK_K=16),
+    "fma-bv32w2-k16": dict(FMA=True, BLOCK_V=32, num_warps=2, CHUNK_K=16),
+    "fma-bv64w4-k16": dict(FMA=True, BLOCK_V=64, num_warps=4, CHUNK_K=16),
+    "fma-bv16w2-k32": dict(FMA=True, BLOCK_V=16, num_warps=2, CHUNK_K=32),
+    "fma-bv32w4-k32": dict(FMA=True, BLOCK_V=32, num_warps=4, CHUNK_K=32),
+    "fma-bv64w8-k32": dict(FMA=True, BLOCK_V=64, num_warps=8, CHUNK_K=32),
+    "fma-pp-bv32w4-k16": dict(FMA=True, PREPASS=True, BLOCK_V=32, num_warps=4, CHUNK_K=16),
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "hl-bv32w2"]}

@@ -1225,25 +1225,28 @@ def plan_verify_all(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, 
     if T > 16:
         raise ValueError(f"draft window {T} > 16 is not supported by the verify kernel")
     cfg = pick_config("verify", batch, dv, dk, L, {**OVERRIDE.get("verify", {}), **(config or {})})
-    cfg["BLOCK_V"] = max(16, cfg["BLOCK_V"])
-    cfg["BLOCK_K"] = max(16, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
+    fma = bool(cfg.get("FMA", False))     # every product as broadcast FMAs: tiles at their true sizes
+    least = 2 if fma else 16              # tl.dot needs every dim >= 16
+    cfg["BLOCK_V"] = max(least, cfg["BLOCK_V"])
+    cfg["BLOCK_K"] = max(least, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
     head_loop = bool(cfg.get("HEAD_LOOP", False))
     prepass = bool(cfg.get("PREPASS", False))
     nt = 1 if head_loop else triton.cdiv(dv, cfg["BLOCK_V"])
     _check_rs(rs, nt * Hv)
     rd, rd_sc, rd_fp8 = _ckpt_args(rs.read_ckpt)
     buf, dual = _buffer_args(rs)
-    block_l = max(16, triton.next_power_of_2(min(rs.flush_period, L)))
+    block_l = max(least, triton.next_power_of_2(min(rs.flush_period, L)))
     rec = 2 * block_l * T + 2 * T * T + 4 * T + 1            # one coefficient record (_coef_offsets)
     coef = _coef_scratch(rs, batch * Hv * rec, v.device) if prepass else o
     idx = _rows_index(state_indices, batch, v.device)
-    k_prec = mma_precision(rs.k.dtype, k.dtype, VERIFY_F32_PRECISION)
-    small = cfg.get("SMALL_PREC", "tf32x3")
+    k_prec = "fma" if fma else mma_precision(rs.k.dtype, k.dtype, VERIFY_F32_PRECISION)
+    small = "fma" if fma else cfg.get("SMALL_PREC", "tf32x3")
     args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, coef,
             *_strides(q, k, v, g, beta, o, dims=3), scale]
-    s_prec = cfg.get("S_PREC") or mma_precision(rs.read_ckpt.data.dtype, k.dtype, VERIFY_F32_PRECISION)
+    s_prec = "fma" if fma else (cfg.get("S_PREC")
+                                or mma_precision(rs.read_ckpt.data.dtype, k.dtype, VERIFY_F32_PRECISION))
     meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_L=block_l,
-                        BLOCK_T=max(16, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
+                        BLOCK_T=max(least, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
                         S_PREC=s_prec, K_PREC=k_prec, EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
                         SMALL_PREC=small, HEAD_LOOP=head_loop, PREPASS=prepass, REC=rec)
     if "num_stages" in cfg:   # software-pipelining depth of the dk loop (Triton's default otherwise)

@@ -5,8 +5,11 @@ precision choice.
 Precisions ("PREC"): "bf16": both operands hold bf16 values (fp8 e4m3 values are exact in
 bf16) -> bf16 MMAs, fp32 accumulation, exact products; otherwise tl.dot's input_precision on
 fp32 operands ("tf32": exact for bf16 / fp16 values; "tf32x3" ~2^-22 and "bf16x3" ~2^-16 per
-product for fp32 values; "ieee": FMA). Under Triton's CPU interpreter (EXACT), which
-mis-evaluates bf16 dots and knows only some precisions, every product runs in fp32 ("ieee").
+product for fp32 values; "ieee": FMA). "fma": no tl.dot at all, a broadcast multiply and a
+sum over the inner dim in fp32 (exact per product, like "ieee"): no 16-row/column minimum and
+no operand layout shuffles, for the small matrices of a few drafts (tl.dot pads every dim to
+16). Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
+precisions, every tl.dot product runs in fp32 ("ieee").
 """
 from __future__ import annotations
 
@@ -31,7 +34,9 @@ def mma_precision(a: torch.dtype, b: torch.dtype, f32: str) -> str:
 @triton.jit
 def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
     """acc + a @ b (float32 accumulator) at precision PREC (module doc)."""
-    if EXACT:
+    if PREC == "fma":
+        r = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
+    elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     elif PREC == "bf16":
         r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
@@ -43,7 +48,9 @@ def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 @triton.jit
 def mm(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
     """a @ b -> float32 at precision PREC (module doc)."""
-    if EXACT:
+    if PREC == "fma":
+        r = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
+    elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif PREC == "bf16":
         r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))

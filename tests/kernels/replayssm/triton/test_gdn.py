@@ -282,6 +282,11 @@ VERIFY_CASES = [
     ("prepass-f32-gqa-T4", TALL, "replay", "float32", None, torch.float32, 4, 3, 7,
      {"PREPASS": True, "BLOCK_V": 16, "CHUNK_K": 16}),
     ("prepass-dual-fp8-gqa-T2", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 2, 3, 5, {"PREPASS": True}),
+    # broadcast-FMA products at the tiles' true sizes (T 3 -> 4 columns, K 4 -> 4 buffer rows, 8-wide tiles)
+    ("fma-f32-T3", TALL, "replay", "float32", None, torch.float32, 3, 4, 7, {"FMA": True, "BLOCK_V": 8, "CHUNK_K": 8}),
+    ("fma-dual-bf16-gqa-T4", GQA, "dual", "float32", "bfloat16", torch.bfloat16, 4, 3, 7, {"FMA": True}),
+    ("fma-prepass-fp8-T2", TINY, "dual", "float32", "float8_e4m3", torch.float32, 2, 3, 5,
+     {"FMA": True, "PREPASS": True, "BLOCK_V": 4}),
 ]
 
 
@@ -346,6 +351,8 @@ for b in (1, 256):
     for j, p in enumerate(G.plan_verify_all(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
                                             config={"PREPASS": True})):   # tuning variant: pre-pass + main
         res[f"verify prepass T4 b{b} launch {j}"] = p
+    res[f"verify fma T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
+                                               config={"FMA": True, "BLOCK_V": 32, "CHUNK_K": 16, "num_warps": 4})
 out = {}
 for k, p in res.items():
     r = G.compile_offline(p)
