@@ -5,6 +5,9 @@ Figures:
   time_vs_batch      time per decode step vs batch, one line per method (x backend), facets per model
   bytes_per_step     modelled bytes per decode step (rows' bytes_model), bars per method variant
   speedup_<model>    replay-family speedup vs eager over buffer_len x flush_period at the largest batch
+                     (none for a 1x1 grid of a model the model_size figure shows)
+  model_size         with scaled variants (<model>@d<depth>w<width>): speedup vs eager vs state size
+                     (report_size.py)
   spread             with --compare OTHER: run-to-run spread against a repeat (report_spread.py)
 
 Speedups are computed here from rows of the same run; they are never stored.
@@ -41,7 +44,7 @@ METHOD_COLORS = {m: _PALETTE[i % len(_PALETTE)] for i, m in
                  enumerate(_COLOR_ORDER + [m for m in METHOD_ORDER if m not in _COLOR_ORDER])}
 BACKEND_STYLES = {"triton": ("-", "o"), "reference": ("--", "s"), "vllm": (":", "^")}
 FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg", "spec_speedup.*",
-                "memory.*", "roofline.*", "traffic_measured.*", "spread.*")
+                "memory.*", "roofline.*", "traffic_measured.*", "spread.*", "model_size.*")
 
 TABLE_COLUMNS = ["case_id", "method", "backend", "batch", "buffer_len", "flush_period",
                  "spec_window", "state_dtype", "lo_dtype", "median_us", "iqr_us", "samples",
@@ -343,6 +346,28 @@ def fig_bytes_per_step(df, manifest: dict, out_dir: Path) -> tuple[Path, Path]:
     return _save(fig, out_dir, "bytes_per_step")
 
 
+def row_sessions(df, manifest: dict):
+    """Per row, the index into manifest['sessions'] of the sweep invocation that measured it: the
+    row's 'session' column (sweeps write it), else the last session started before the row
+    finished (rows of older runs); None where neither is known."""
+    import pandas as pd
+    sess = manifest.get("sessions") or []
+    own = df["session"] if "session" in df.columns else pd.Series([None] * len(df), index=df.index)
+    if len(sess) <= 1:
+        return own.where(own.notna(), 0 if sess else None)
+    starts = pd.to_datetime(pd.Series([x.get("started") for x in sess]), utc=True, errors="coerce")
+    fin = pd.to_datetime(df["finished"], utc=True, errors="coerce") if "finished" in df.columns else None
+    out = []
+    for i, v in enumerate(own.tolist()):
+        if v is not None and v == v:
+            out.append(int(v))
+            continue
+        t = fin.iloc[i] if fin is not None else pd.NaT
+        k = [j for j, st in enumerate(starts) if not pd.isna(t) and not pd.isna(st) and st <= t]
+        out.append(k[-1] if k else None)
+    return pd.Series(out, index=df.index, dtype=object)
+
+
 def _eager_index(ok) -> dict:
     e = ok[ok["method"] == "eager"]
     idx: dict = {}
@@ -373,6 +398,11 @@ def speedup_table(df):
     import pandas as pd
     ok = ok_rows(df)
     idx = _eager_index(ok)
+    e = ok[ok["method"] == "eager"]
+    # the session (row_sessions, set by write_report) that measured each eager row
+    e_sess = ({} if "session" not in ok.columns else
+              {k: v for k, v in zip(zip(e["model"], e["batch"].astype(int), e["state_dtype"], e["backend"]),
+                                    e["session"])})
     out = []
     fam = ok[ok["method"].isin(REPLAY_FAMILY)]
     for r in fam.to_dict(orient="records"):
@@ -380,17 +410,23 @@ def speedup_table(df):
                                           r["backend"], r["method"])
         if base is None:
             continue
+        es = e_sess.get((r["model"], int(r["batch"]), base_dtype, r["backend"]))
+        ms = r.get("session")
+        cross = es is not None and ms is not None and es == es and ms == ms and int(es) != int(ms)
         out.append({"model": r["model"], "method": r["method"], "backend": r["backend"],
                     "batch": int(r["batch"]), "buffer_len": int(r["buffer_len"]),
                     "flush_period": int(r["flush_period"]), "spec_window": int(r["spec_window"]),
                     "state_dtype": r["state_dtype"], "lo_dtype": r["lo_dtype"],
                     "eager_state_dtype": base_dtype, "eager_us": base,
-                    "median_us": float(r["median_us"]), "speedup": base / float(r["median_us"])})
+                    "median_us": float(r["median_us"]), "speedup": base / float(r["median_us"]),
+                    "pct_copy_bw": r.get("pct_copy_bw"), "cross_session": bool(cross)})
     return pd.DataFrame(out)
 
 
 def fig_speedup_heatmaps(df, manifest: dict, out_dir: Path, cpu: bool,
-                         sp=None) -> list[tuple[str, Path, Path]]:
+                         sp=None, covered=()) -> list[tuple[str, Path, Path]]:
+    """One heat map per model; none for a model in ``covered`` (the model-size section's) that
+    has a single (buffer_len, flush_period) cell."""
     sp = speedup_table(df) if sp is None else sp
     figs = []
     if sp.empty:
@@ -401,6 +437,8 @@ def fig_speedup_heatmaps(df, manifest: dict, out_dir: Path, cpu: bool,
         s = s[s["batch"] == bmax]
         Ls = sorted(s["buffer_len"].unique())
         Ks = sorted(s["flush_period"].unique())
+        if len(Ls) * len(Ks) == 1 and model in covered:
+            continue    # a 1x1 grid says less than the model-size figure, which shows these ratios
         variants = sorted(s.groupby(["method", "backend", "lo_dtype", "spec_window"]).groups,
                           key=lambda k: (_method_key(k[0]), k[1], str(k[2]), k[3]))
         nr, nc = _grid(len(variants), 3)
@@ -417,8 +455,10 @@ def fig_speedup_heatmaps(df, manifest: dict, out_dir: Path, cpu: bool,
             v = s[(s["method"] == method) & (s["backend"] == backend) & (s["lo_dtype"] == lo_dt)
                   & (s["spec_window"] == T)]
             grid = np.full((len(Ls), len(Ks)), np.nan)
+            star = np.zeros((len(Ls), len(Ks)), dtype=bool)
             for _, r in v.iterrows():
                 grid[Ls.index(r["buffer_len"]), Ks.index(r["flush_period"])] = r["speedup"]
+                star[Ls.index(r["buffer_len"]), Ks.index(r["flush_period"])] = bool(r.get("cross_session"))
             im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, origin="lower",
                            aspect="auto")
             for i in range(len(Ls)):
@@ -426,7 +466,8 @@ def fig_speedup_heatmaps(df, manifest: dict, out_dir: Path, cpu: bool,
                     if not math.isnan(grid[i, j]):
                         c = grid[i, j]
                         dark = abs(float(norm(c)) - 0.5) > 0.3
-                        ax.text(j, i, _fmt_ratio(c), ha="center", va="center", fontsize=9,
+                        ax.text(j, i, _fmt_ratio(c) + ("*" if star[i, j] else ""), ha="center", va="center",
+                                fontsize=9,
                                 color="white" if dark else "black")
                     else:
                         ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="#888888")
@@ -502,6 +543,13 @@ def header_lines(manifest: dict, df, cpu: bool) -> list[tuple[str, str]]:
                       f"matmul {_fmt(ceil.get('matmul_tflops'))} TFLOP/s ({ceil.get('matmul_dtype')})"))
     else:
         items.append(("measured ceilings", "not measured (pct_copy_bw empty)"))
+    sess = manifest.get("sessions") or []
+    if len(sess) > 1:   # a resumed run: rows of different invocations (maybe other GPUs / commits)
+        per = row_sessions(df, manifest).value_counts().to_dict() if len(df) else {}
+        items.append(("sessions", f"{len(sess)} (resumed run; ceilings from the first): " + "; ".join(
+            f"#{i} {x.get('started', '?')}, git {str(x.get('git_sha') or '?')[:10]}"
+            f"{' dirty' if x.get('git_dirty') else ''}, GPU {x.get('gpu_uuid') or 'uuid not recorded'}, "
+            f"{per.get(i, 0)} rows" for i, x in enumerate(sess))))
     counts = df["status"].value_counts().to_dict() if len(df) else {}
     ncases = (manifest.get("counts") or {}).get("cases") or sc.get("n_cases")
     items.append(("rows", f"{len(df)} of {ncases} cases: " + ", ".join(
@@ -571,18 +619,21 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     ``compare``: another run (a repeat of this one, same device) whose run-to-run spread
     against this run becomes a figure (spread.png/.svg, per-case spread.csv) and a section;
     a missing run, the run itself or another device raises StoreError before anything is
-    written. Also re-materialises rows.parquet / rows.csv from rows.jsonl.  Returns the report dir.
+    written. Re-materialises rows.parquet / rows.csv from rows.jsonl only where they lag it
+    (committed results stay byte-identical).  Returns the report dir.
     """
     store = RunStore.open(run, results_dir)
     manifest = store.manifest()
     df = store.dataframe()
+    if len(df):
+        df["session"] = row_sessions(df, manifest)     # pairs across sessions get marked
     run_id = manifest.get("run_id") or store.run_id
     other = None
     if compare is not None:
         from .report_spread import open_other
         ostore, omanifest, odf = open_other(compare, results_dir, store, manifest, df)
         other = (omanifest.get("run_id") or ostore.run_id, omanifest, odf)
-    if store.rows_path.exists():
+    if store.rows_path.exists() and not store.tables_current():
         store.materialise()
     out_dir = Path(reports_dir) / run_id
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -602,18 +653,24 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
                     "Bytes read + written per decode step from the analytical traffic model "
                     "(bytes_model column), averaged over a flush period, at the largest batch.", png))
     sp = speedup_table(df)
-    for model, png, _ in fig_speedup_heatmaps(df, manifest, out_dir, cpu, sp):
+    cross = ("; * = the eager and method medians come from different sessions of this resumed run "
+             "(see 'sessions' above: possibly another GPU or commit)"
+             if len(sp) and sp["cross_session"].any() else "")
+    from .report_size import scaled_models, sections as size_sections   # width/depth-scaled variants
+    for model, png, _ in fig_speedup_heatmaps(df, manifest, out_dir, cpu, sp, covered=scaled_models(df)):
         figures.append((f"Speedup vs eager: {model}",
                         "Eager median / method median, same run, same model, batch, state dtype "
-                        "and backend, at the largest batch; n/a = not measured or invalid (K > L).",
+                        f"and backend, at the largest batch; n/a = not measured or invalid (K > L){cross}.",
                         png))
+    size_figures, size_tables = size_sections(df, manifest, out_dir, cpu)
+    figures += size_figures
     from .report_spec import sections as spec_sections   # speculative decoding, SSM-state memory
     extra_figures, extra_tables = spec_sections(df, out_dir, cpu)
     figures += extra_figures
     from .report_roofline import sections as roofline_sections  # roofline, measured traffic, vs vLLM
     roof_figures, roof_tables = roofline_sections(df, manifest, out_dir, _save)
     figures += roof_figures
-    extra_tables = roof_tables + extra_tables
+    extra_tables = size_tables + roof_tables + extra_tables
     thr = throttle_table(df)
     if len(thr):
         extra_tables.append(("Throttled measurements",

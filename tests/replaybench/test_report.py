@@ -151,3 +151,32 @@ def test_every_method_has_its_own_stable_colour():
     # colours of the committed reports' methods do not move when methods are added
     assert (METHOD_COLORS["eager"], METHOD_COLORS["replay"], METHOD_COLORS["vllm-eager"]) == \
         ("#1f77b4", "#d62728", "#7f7f7f")
+
+
+def test_resumed_run_marks_ratios_across_sessions(tmp_path):
+    # a run resumed on another machine: rows are attributed to sessions (their own 'session'
+    # column, else by finish time) and eager/method pairs from different sessions are starred
+    from replaybench.report import header_lines, row_sessions
+    rows = [r for r in synthetic_rows("NVIDIA H200") if r["model"] == "tiny-mamba2" and r["backend"] == "triton"
+            and r["status"] == "ok"]
+    for r in rows:    # eager measured in session 0, the rest in session 1 (old rows: finish time only)
+        r["finished"] = "2026-01-01T00:05:00+00:00" if r["method"] == "eager" else "2026-01-02T00:05:00+00:00"
+    rows[-1]["session"] = 0                     # a row that says where it was measured wins
+    st = make_run(tmp_path, device=GPU_DEVICE, rows=rows)
+    m = st.manifest()
+    m["sessions"] = [{"started": "2026-01-01T00:00:00+00:00", "git_sha": "aaa", "gpu_uuid": "GPU-1"},
+                     {"started": "2026-01-02T00:00:00+00:00", "git_sha": "bbb", "gpu_uuid": "GPU-2"}]
+    st.write_manifest(m)
+    df = st.dataframe()
+    sess = row_sessions(df, m)
+    assert sess.tolist() == [0 if r["method"] == "eager" else 1 for r in rows[:-1]] + [0]
+    df["session"] = sess
+    sp = speedup_table(df)
+    last = rows[-1]
+    mine = (sp["method"] == last["method"]) & (sp["batch"] == last["batch"]) & \
+           (sp["buffer_len"] == last["buffer_len"]) & (sp["flush_period"] == last["flush_period"])
+    assert not sp[mine]["cross_session"].any() and sp[~mine]["cross_session"].all()
+    head = dict(header_lines(m, df, cpu=False))
+    assert "GPU-1" in head["sessions"] and "GPU-2" in head["sessions"] and "2 (resumed run" in head["sessions"]
+    out = write_report("synthetic", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
+    assert "different sessions of this resumed run" in (out / "report.md").read_text()
