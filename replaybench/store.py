@@ -326,6 +326,18 @@ class RunStore:
         df = self.dataframe()
         _write_tables(df, self.parquet_path, self.csv_path)
 
+    def tables_current(self) -> bool:
+        """rows.parquet and rows.csv exist and hold the case_ids of rows.jsonl (a sweep that
+        stopped before its last materialise leaves them behind)."""
+        import pandas as pd
+        if not (self.parquet_path.exists() and self.csv_path.exists()):
+            return False
+        try:
+            ids = pd.read_parquet(self.parquet_path, columns=["case_id"])["case_id"].tolist()
+        except Exception:  # noqa: BLE001 - unreadable: rewrite it
+            return False
+        return ids == [r["case_id"] for r in self.rows()]
+
     def counts(self) -> dict:
         rows = self.rows()
         c = {s: 0 for s in STATUSES}

@@ -91,7 +91,7 @@ def build_manifest(scenario: Scenario, dev_info: dict, run_id: str, argv: list[s
         "ceilings": ceilings,
         "sessions": [{"started": started, "argv": list(argv) if argv is not None else list(sys.argv),
                       "git_sha": git.get("sha"), "git_dirty": git.get("dirty"),
-                      "pid": os.getpid()}],
+                      "gpu_uuid": dev_info.get("uuid"), "pid": os.getpid()}],
     }
 
 
@@ -104,8 +104,9 @@ def _short_error(e: BaseException) -> str:
 
 def make_row(case: Case, metrics: dict | None, *, run_id: str, device_label: str,
              ceilings: dict, status: str = "ok", error: str | None = None,
-             wall_s: float | None = None) -> dict:
-    """One result row: identity columns + runner metrics + gbps / pct_copy_bw."""
+             wall_s: float | None = None, session: int | None = None) -> dict:
+    """One result row: identity columns + runner metrics + gbps / pct_copy_bw; `session`: index
+    of this sweep invocation in the manifest's 'sessions' (a resumed run has several)."""
     row: dict[str, Any] = {c: None for c in CONTRACT_COLUMNS}
     for k, v in (metrics or {}).items():
         if k not in IDENTITY_COLUMNS:
@@ -125,6 +126,7 @@ def make_row(case: Case, metrics: dict | None, *, run_id: str, device_label: str
         if copy:
             row["pct_copy_bw"] = 100.0 * row["gbps"] / copy
     row["wall_s"] = wall_s
+    row["session"] = session
     row["finished"] = now_iso()
     return row
 
@@ -186,6 +188,7 @@ def run_sweep(scenario: Scenario, *, device: str = "auto", results_dir: str | Pa
     cases = [dataclasses.replace(c, device=dev) for c in scenario.cases]
     manifest = build_manifest(scenario, info, rid, argv, ceilings, len(cases))
     store = RunStore.create_or_resume(results_dir, rid, manifest)
+    session = len(store.manifest().get("sessions") or [None]) - 1
 
     statuses = ("ok", "skipped") if retry_errors else ("ok", "error", "skipped")
     done = store.done_case_ids(statuses)
@@ -216,15 +219,15 @@ def run_sweep(scenario: Scenario, *, device: str = "auto", results_dir: str | Pa
                 if ncu:
                     metrics.update(_ncu_columns(case, metrics))
                 row = make_row(case, metrics, run_id=rid, device_label=label, ceilings=ceilings,
-                               wall_s=time.perf_counter() - t0)
+                               wall_s=time.perf_counter() - t0, session=session)
             except runners.SkipCase as e:
                 row = make_row(case, None, run_id=rid, device_label=label, ceilings=ceilings,
                                status="skipped", error=str(e) or "skipped",
-                               wall_s=time.perf_counter() - t0)
+                               wall_s=time.perf_counter() - t0, session=session)
             except Exception as e:  # noqa: BLE001 - a crashed case is a row
                 row = make_row(case, None, run_id=rid, device_label=label, ceilings=ceilings,
                                status="error", error=_short_error(e),
-                               wall_s=time.perf_counter() - t0)
+                               wall_s=time.perf_counter() - t0, session=session)
                 _log_error(store, case, e)
                 _recover_device(dev)
             store.append(row)

@@ -161,3 +161,17 @@ def test_git_sha_from_environment_wins_over_a_stale_checkout(tmp_path, monkeypat
     assert git_info()["dirty"] is False
     monkeypatch.delenv("REPLAYBENCH_GIT_SHA")
     assert git_info().get("source") is None
+
+
+def test_tables_current_tracks_the_jsonl(tmp_path):
+    # report regeneration rewrites the tables only when they lag rows.jsonl
+    s = RunStore.create_or_resume(tmp_path, "r", manifest())
+    s.append(row("a"))
+    assert not s.tables_current()
+    s.materialise()
+    assert s.tables_current()
+    s.append(row("b"))
+    assert not s.tables_current()
+    s.materialise()
+    assert s.tables_current()
+    s.unlock()

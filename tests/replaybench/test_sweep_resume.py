@@ -169,6 +169,9 @@ def test_interrupt_then_resume_in_process(tmp_path, write_scenario):
     ids = Counter(r["case_id"] for r in RunStore(res.run_dir).raw_rows())
     assert set(ids) == {c.case_id for c in sc.cases} and set(ids.values()) == {1}
     assert len(RunStore(res.run_dir).manifest()["sessions"]) == 2
+    # every row says which invocation measured it (the report marks ratios across sessions)
+    sess = Counter(r["session"] for r in RunStore(res.run_dir).raw_rows())
+    assert sess == {0: 4, 1: len(sc.cases) - 4}
 
 
 def test_retry_errors_replaces_error_rows(tmp_path, write_scenario):
