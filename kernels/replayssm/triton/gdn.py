@@ -81,9 +81,10 @@ MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # state is fp32 ("tf32x3": ~2^-22 per product; "bf16x3" ~2^-16; "ieee" exact, FMA).
 VERIFY_F32_PRECISION = "tf32x3"
 VERIFY_CHUNK_K = 32   # dk columns per MMA step of the verify kernel's loop over the state tile
-# Tuning hook: OVERRIDE["verify"] = {BLOCK_V, num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC}
-# and OVERRIDE["fold"] = {BLOCK_V, num_warps} replace the table for every shape (a per-call
-# `config` wins). Empty in normal use.
+# Tuning hook: OVERRIDE["verify"] = {BLOCK_V, num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC,
+# num_stages, and the opt-in routes HEAD_LOOP, PREPASS, FMA (each measured slower on the H200:
+# docs/kernels.md)} and OVERRIDE["fold"] = {BLOCK_V, num_warps} replace the table for every
+# shape (a per-call `config` wins). Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
 
 
@@ -1225,7 +1226,8 @@ def plan_verify_all(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, 
     if T > 16:
         raise ValueError(f"draft window {T} > 16 is not supported by the verify kernel")
     cfg = pick_config("verify", batch, dv, dk, L, {**OVERRIDE.get("verify", {}), **(config or {})})
-    fma = bool(cfg.get("FMA", False))     # every product as broadcast FMAs: tiles at their true sizes
+    # FMA (opt-in; 5-7x slower on the H200): every product as broadcast FMAs, tiles at true sizes
+    fma = bool(cfg.get("FMA", False))
     least = 2 if fma else 16              # tl.dot needs every dim >= 16
     cfg["BLOCK_V"] = max(least, cfg["BLOCK_V"])
     cfg["BLOCK_K"] = max(least, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
