@@ -223,6 +223,11 @@ BIG = {   # batch 256, Qwen3.5-122B: the wide search
             rcfg(32, 4, 4, 4, 2, 2, True, F_BLOCK_V=64, F_num_warps=8),
             rcfg(32, 4, 4, 4, 2, 2, True, F_BLOCK_V=16, F_num_warps=4),
             rcfg(32, 4, 4, 4, 2, 2, True, F_NW_MUL=2),
+            # flush step with the fold as one MMA per chunk and one reduction per own rank (FOLD_MMA;
+            # sm_90 registers: 32 rows x 4 warps 168, 16 x 4 96, NR 4 200)
+            rcfg(32, 4, 4, 4, 2, 2, True, F_FOLD_MMA=True),
+            rcfg(32, 4, 4, 4, 2, 2, True, F_FOLD_MMA=True, F_BLOCK_V=16, F_num_warps=4),
+            rcfg(32, 4, 4, 4, 2, 2, True, F_FOLD_MMA=True, F_NR=4),
             rcfg(32, 4, 4, 4, 2, 2, False), rcfg(64, 8, 1, 1, 0, 1, False)],
     "dual-bf16": [OLD(64, 8),
                   rcfg(64, 8, 2, 4, 2, 2, True), rcfg(32, 4, 4, 4, 2, 2, True), rcfg(64, 4, 2, 4, 2, 2, True),

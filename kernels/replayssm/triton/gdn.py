@@ -596,6 +596,7 @@ def _gdn_flush_step_kernel(
     NW: tl.constexpr, BLOCK_B: tl.constexpr, PF: tl.constexpr, PF_DIST: tl.constexpr,
     HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves.
 
@@ -610,6 +611,12 @@ def _gdn_flush_step_kernel(
     The cursor of every live row is written once (worker block (0, 0)): 0 after a flush, else
     n + 1. Nothing is read that a program of this launch writes. Programs with nothing to
     fold exit after one load.
+    FOLD_MMA (opt-in, non-dual high copies of 32 bits; not yet measured): a worker visits only
+    its own ranks (w, w + NW, ... < the number of flushing rows; one reduction each, not up to
+    three for each of NT rank slots), and the non-dual fold is one matrix product per chunk,
+    F = (U * w) Kb with U [rows, L] the stored u, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb
+    [L, dk] the raw keys (FOLD_PREC; bf16 keys are exact in tf32, the u side "tf32x3" ~2^-22),
+    instead of L rank-1 updates that each reduce their key's norm across the program.
     """
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
@@ -633,12 +640,33 @@ def _gdn_flush_step_kernel(
         mine = (nb >= 0) & (bb % NW == w)
         sl = tl.load(idx_ptr + bb, mask=mine, other=0)
         tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
+    if FOLD_MMA:
+        n_mine = tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)     # this worker's ranks
     for t in range(NT):
         pick = fl & (rank == w + t * NW)
-        if tl.sum(pick.to(tl.int32), 0) > 0:
-            b = tl.sum(tl.where(pick, bb, 0), 0).to(tl.int64)
-            n = tl.sum(tl.where(pick, nb, 0), 0)          # entries 0..n are folded
+        if FOLD_MMA:   # past its own ranks a worker skips the reduction; one finds the row and its cursor
+            key = n_mine * 0 - 1
+            if t < n_mine:
+                key = tl.max(tl.where(pick, (bb << 16) | nb, -1), 0)     # (n < 2^16, b < 2^15)
+            hit = key >= 0
+        else:
+            hit = tl.sum(pick.to(tl.int32), 0) > 0
+        if hit:
+            if FOLD_MMA:
+                b = (key >> 16).to(tl.int64)
+                n = key & 0xFFFF
+            else:
+                b = tl.sum(tl.where(pick, bb, 0), 0).to(tl.int64)
+                n = tl.sum(tl.where(pick, nb, 0), 0)          # entries 0..n are folded
             slot64 = tl.load(idx_ptr + b).to(tl.int64)
+            if FOLD_MMA and not DUAL:   # per-sequence fold weights and keys, shared by the chunks
+                ll = tl.arange(0, BLOCK_L)
+                lm = ll <= n
+                ent = slot64 * L + ll
+                kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :],
+                             mask=lm[:, None] & cmask[None, :], other=0.0)              # [BL, BK] raw keys
+                kf = kb.to(tl.float32)
+                rk = tl.rsqrt(tl.sum(kf * kf, 1) + EPS)                                  # 1 / |k_i|
             if DUAL:
                 qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
                 qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
@@ -677,6 +705,13 @@ def _gdn_flush_step_kernel(
                     o = tl.sum(S * qn[None, :], 1)
                     tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
                     _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
+                elif FOLD_MMA:
+                    gl = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
+                    Cn = tl.sum(gl, 0)
+                    wl = tl.where(lm, tl.exp(Cn - tl.cumsum(gl, 0)) * rk, 0.0)                # exponents <= 0
+                    U = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
+                                other=0.0).to(tl.float32)                           # [rows, BL] stored u
+                    S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
                 else:
                     wrun = 1.0    # w_i = prod_{i < j <= n} alpha_j, from the newest entry down
                     F = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
@@ -1186,6 +1221,11 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                      HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                      NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                      HI_LPR=hi_lpr, HI_LS=hi_ls, **ck_meta)
+        # FOLD_MMA (opt-in, see the kernel): fp32 high copy, no dual, tiles tl.dot takes (>= 16)
+        if (fc.get("FOLD_MMA") and not dual and rs.hi.data.dtype == torch.float32
+                and min(fm["BLOCK_R"], cfg["BLOCK_K"]) >= 16):
+            fmeta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
+                         FOLD_PREC=mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
         plans.append((_gdn_flush_step_kernel, fgrid, fargs, fmeta))
     return plans
 

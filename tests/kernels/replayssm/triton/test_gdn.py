@@ -199,7 +199,24 @@ REPLAY_CASES = [
      {"BLOCK_V": 8, "HP": 2, "SPLIT": True}),
     ("shared-bf16", TINY, "shared-low", "float32", "bfloat16", torch.float32, 4, 3, None),
     ("shared-fp8", TINY, "shared-low", "float32", "float8_e4m3", torch.float32, 4, 3, {"HP": 2, "SPLIT": True}),
+    # flush step with the fold as one matrix product per chunk; one worker (batch 3 < K) visits several ranks
+    ("f32-tall-split-foldmma", TALL, "replay", "float32", None, torch.float32, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
+    ("f32-gqa-split-foldmma-bf16", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
+     {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
 ]
+FOLD_MMA_CASES = [c for c in REPLAY_CASES if (c[-1] or {}).get("F_FOLD_MMA")]
+
+
+@pytest.mark.parametrize("case", FOLD_MMA_CASES, ids=[c[0] for c in FOLD_MMA_CASES])
+def test_fold_mma_cases_take_that_route(case):
+    # else the replay test would pass on the default fold and prove nothing about FOLD_MMA
+    name, sh, mode, sd, lo, act, L, K, cfg = case
+    rs, _ = make_pair(sh, 4, L, K, mode, sd, lo, act, gen(3))
+    x = step_inputs(sh, 3, act, gen(4))
+    from replayssm.triton import gdn as TK
+    plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)
+    assert len(plans) == 2 and plans[1][3].get("FOLD_MMA") is True, name
 
 
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
@@ -345,6 +362,9 @@ for b in (1, 256):
     for mode, lo, sd in modes:
         for j, p in enumerate(G.plan_replay(rs(mode, lo, sd=sd), **i, state_indices=None, scale=.1, o=i["v"])):
             res[f"replay {mode} {lo or sd} b{b} launch {j}"] = p
+    if b > 1:   # opt-in flush step: the fold as one MMA per chunk
+        res["replay FOLD_MMA flush step b256"] = G.plan_replay(rs("replay"), **i, state_indices=None, scale=.1,
+                                                               o=i["v"], config={"F_FOLD_MMA": True})[-1]
     res[f"fold dual b{b}"] = G.plan_fold(rs("dual", "float8_e4m3"), torch.empty(b, dtype=torch.int32, device=M), None, 1)
     iv = x(b, 4)
     res[f"verify T4 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv, state_indices=None, scale=.1, o=iv["v"])
