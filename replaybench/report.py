@@ -8,6 +8,8 @@ Figures:
                      (none for a 1x1 grid of a model the model_size figure shows)
   model_size         with scaled variants (<model>@d<depth>w<width>): speedup vs eager vs state size
                      (report_size.py)
+  paper_style        paper-scenario runs: ratios over vLLM's kernels next to the authors' published
+                     points (report_paper.py, published.toml)
   spread             with --compare OTHER: run-to-run spread against a repeat (report_spread.py)
 
 Speedups are computed here from rows of the same run; they are never stored.
@@ -44,7 +46,8 @@ METHOD_COLORS = {m: _PALETTE[i % len(_PALETTE)] for i, m in
                  enumerate(_COLOR_ORDER + [m for m in METHOD_ORDER if m not in _COLOR_ORDER])}
 BACKEND_STYLES = {"triton": ("-", "o"), "reference": ("--", "s"), "vllm": (":", "^")}
 FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg", "spec_speedup.*",
-                "memory.*", "roofline.*", "traffic_measured.*", "spread.*", "model_size.*")
+                "memory.*", "roofline.*", "traffic_measured.*", "spread.*", "model_size.*",
+                "paper_style.*")
 
 TABLE_COLUMNS = ["case_id", "method", "backend", "batch", "buffer_len", "flush_period",
                  "spec_window", "state_dtype", "lo_dtype", "median_us", "iqr_us", "samples",
@@ -670,7 +673,10 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     from .report_roofline import sections as roofline_sections  # roofline, measured traffic, vs vLLM
     roof_figures, roof_tables = roofline_sections(df, manifest, out_dir, _save)
     figures += roof_figures
-    extra_tables = size_tables + roof_tables + extra_tables
+    from .report_paper import sections as paper_sections  # paper scenario: vs vLLM next to published points
+    paper_figures, paper_tables = paper_sections(df, manifest, out_dir, cpu)
+    figures += paper_figures
+    extra_tables = size_tables + roof_tables + paper_tables + extra_tables
     thr = throttle_table(df)
     if len(thr):
         extra_tables.append(("Throttled measurements",

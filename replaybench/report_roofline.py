@@ -110,18 +110,25 @@ def fig_traffic_measured(df: pd.DataFrame, manifest: dict, out_dir: Path, save) 
     return png
 
 
+PEER_KEYS = ("model", "batch", "state_dtype")
+
+
+def baseline_medians(ok: pd.DataFrame, method: str, keys=PEER_KEYS) -> pd.Series:
+    """A baseline method's median per key (same model, batch, state dtype by default; the fastest
+    where several rows share a key), from ok rows; our eager kernel from its Triton backend
+    where the run has one.  peer_table and report_paper pair rows with a baseline through this."""
+    b = ok[ok["method"] == method]
+    if method == "eager":
+        b = b[b["backend"] == "triton"] if (b["backend"] == "triton").any() else b
+    return b.groupby(list(keys))["median_us"].min()
+
+
 def peer_table(df: pd.DataFrame) -> pd.DataFrame:
     """Each method's median vs vLLM's eager kernel and our eager kernel (same model, batch, state dtype)."""
     ok = _ok(df)
     if not len(ok):
         return ok
-    keys = ["model", "batch", "state_dtype"]
-    base = {}
-    for name in ("eager", PEER):
-        b = ok[ok["method"] == name]
-        if name == "eager":
-            b = b[b["backend"] == "triton"] if (b["backend"] == "triton").any() else b
-        base[name] = b.groupby(keys)["median_us"].min()
+    base = {name: baseline_medians(ok, name) for name in ("eager", PEER)}
     rows = []
     for r in ok.itertuples():
         k = (r.model, r.batch, r.state_dtype)
