@@ -28,11 +28,9 @@ from replayssm import inputs as I
 from replayssm import reference as R
 from replayssm.state import ByteCounter, GDNReplayState
 
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
+from kernel_checks import CUDA, DEV, TOL_BF16_OUT, TOL_F32, gen, out_tol, poisoned, rel_err
 
-TOL_F32 = 1e-4        # fp32 outputs / state (the output-only route reorders sums)
-TOL_BF16_OUT = 8e-3   # bf16 outputs: one bf16 rounding (2^-8) relative to the largest element
+
 ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float8_e4m3fn: 2.0 ** -4}  # half ulp
 
 TINY = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=5)
@@ -43,25 +41,6 @@ SMALL_TILES = {"BLOCK_V": 4, "BLOCK_L": 2}
 
 
 # ----------------------------------------------------------------------------- helpers
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|; a non-finite kernel value fails."""
-    a, b = a.double(), b.double().to(a.device)
-    assert torch.isfinite(a).all(), "non-finite values in the kernel result (unwritten element?)"
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def out_tol(act) -> float:
-    return TOL_F32 if act in (torch.float32, torch.float64) else TOL_BF16_OUT
-
-
-def poisoned(like: torch.Tensor) -> torch.Tensor:
-    return torch.full_like(like, float("nan"))
-
-
 def step_inputs(shape, batch, act, g, T=None):
     return {k: v.to(DEV) for k, v in I.gdn_step_inputs(shape, batch, T=T, act_dtype=act, gen=g).items()}
 

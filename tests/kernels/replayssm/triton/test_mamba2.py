@@ -20,37 +20,16 @@ from replayssm import mamba2 as M
 from replayssm import reference as R
 from replayssm.state import Mamba2ReplayState, dtype_of
 
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
+from kernel_checks import CUDA, DEV, TOL_F32, gen, out_tol, poisoned, rel_err
+
 DEVICES = [pytest.param(DEV, id=DEV)]
 
-TOL_F32 = 1e-4        # fp32 outputs / fp32 state (the output-only route reorders sums)
-TOL_BF16_OUT = 8e-3   # bf16 outputs: one bf16 rounding (2^-8) relative to the largest element
 ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float8_e4m3fn: 2.0 ** -3}
 
 TINY = I.Mamba2Shape(nheads=4, head_dim=5, d_state=8, n_groups=2)   # 2 heads per group
 
 
 # ----------------------------------------------------------------------------- helpers
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b| (norm-wise relative error); NaN anywhere fails."""
-    a, b = a.double().cpu(), b.double().cpu()
-    assert torch.isfinite(a).all(), "non-finite values in the kernel result"
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def out_tol(act) -> float:
-    return TOL_F32 if act in (torch.float32, torch.float64) else TOL_BF16_OUT
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def poisoned(like: torch.Tensor) -> torch.Tensor:
-    return torch.full_like(like, float("nan"))
-
-
 def make_pair(shape, slots, L, K, mode="replay", state_dtype="float32", lo_dtype=None, act=torch.float32,
               g=None, cursor_lo=0):
     """Two identical replay states (kernel, reference) with a random checkpoint, random
