@@ -95,6 +95,9 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # Nano (80-row heads): one program per head (rows past 80 masked) instead of three
     "b128w4": dict(block_p=128, warps=4),
     "b128w2": dict(block_p=128, warps=2),
+    # fp32 state x C in two tf32 passes of a truncation split (mma.py "tf32x2t") instead of bf16x3
+    # (Super: 154 registers, no spill, vs 128 + 8 bytes of stack)
+    "s-t2": dict(s_prec="tf32x2t"),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
@@ -118,6 +121,13 @@ GDN_VARIANTS: dict[str, dict] = {
     "pp-bv64w4-s2": dict(BLOCK_V=64, num_warps=4, PREPASS=True, num_stages=2),
     "pp-bv128w8-s2": dict(BLOCK_V=128, num_warps=8, PREPASS=True, num_stages=2),
     "bv32w2-s2": dict(BLOCK_V=32, num_warps=2, num_stages=2),
+    # truncation-split products (mma.py): state x raw keys in two tf32 passes ("tf32x2t"), the small
+    # fp32 products in three without cvt.rna ("tf32x3t"); sm_90, Qwen3.5-122B fp32 T4: 64x2w 236 registers,
+    # 2688 SASS instructions vs 254 / 3616 (default); 32x2w 168 / 2288
+    "s-t2": dict(S_PREC="tf32x2t"),
+    "sm-t3": dict(SMALL_PREC="tf32x3t"),
+    "s-t2-sm-t3": dict(S_PREC="tf32x2t", SMALL_PREC="tf32x3t"),
+    "bv32w2-s-t2-sm-t3": dict(BLOCK_V=32, num_warps=2, S_PREC="tf32x2t", SMALL_PREC="tf32x3t"),
     # broadcast-FMA products at the true tile sizes (FMA: T drafts -> next_pow2(T) columns, not 16);
     # sm_90 registers at Qwen3.5-122B fp32 T4: 32x4w k16 128, 64x4w k16 168, 16x2w k32 128, 64x8w k32 213
     "fma-bv32w4-k16": dict(FMA=True, BLOCK_V=32, num_warps=4, CHUNK_K=16),

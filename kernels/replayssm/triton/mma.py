@@ -5,11 +5,18 @@ precision choice.
 Precisions ("PREC"): "bf16": both operands hold bf16 values (fp8 e4m3 values are exact in
 bf16) -> bf16 MMAs, fp32 accumulation, exact products; otherwise tl.dot's input_precision on
 fp32 operands ("tf32": exact for bf16 / fp16 values; "tf32x3" ~2^-22 and "bf16x3" ~2^-16 per
-product for fp32 values; "ieee": FMA). "fma": no tl.dot at all, a broadcast multiply and a
+product for fp32 values; "ieee": FMA). Triton's "tf32x3" rounds both operands to tf32 with
+cvt.rna, which sm_90 runs as a compare/select sequence per element, and does three passes even
+when one operand is exact. Two cheaper splits, by truncation (hi = the top 19 bits of the fp32
+word, lo = a - hi exactly; the tensor core ignores the 13 low bits of lo): "tf32x2t" for a times
+b with b exact in tf32 (bf16 / fp16 / fp8 values: the drafts' keys and queries, C): a split,
+two passes, ~2^-20 per product; "tf32x3t" when both are fp32: hi*hi + hi*lo + lo*hi, ~2^-20.
+"fma": no tl.dot at all, a broadcast multiply and a
 sum over the inner dim in fp32 (exact per product, like "ieee"): no 16-row/column minimum and
 no operand layout shuffles, for the small matrices of a few drafts (tl.dot pads every dim to
 16). Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
-precisions, every tl.dot product runs in fp32 ("ieee").
+precisions, every tl.dot product runs in fp32 ("ieee"); the truncation splits run as written
+there (their tf32 dots in fp32), so the CPU tests check their algebra, the GPU tests their error.
 """
 from __future__ import annotations
 
@@ -32,10 +39,26 @@ def mma_precision(a: torch.dtype, b: torch.dtype, f32: str) -> str:
 
 
 @triton.jit
+def tf32_split(a):
+    """(hi, lo) with a = hi + lo exactly: hi = fp32 a truncated to tf32, lo = a - hi (< 2^-10 |a|)."""
+    hi = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return hi, a - hi
+
+
+@triton.jit
 def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
     """acc + a @ b (float32 accumulator) at precision PREC (module doc)."""
     if PREC == "fma":
         r = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
+    elif PREC == "tf32x2t":     # b exact in tf32; small term first
+        b32 = b.to(tl.float32)
+        hi, lo = tf32_split(a.to(tl.float32))
+        r = tl.dot(hi, b32, tl.dot(lo, b32, acc, input_precision="tf32"), input_precision="tf32")
+    elif PREC == "tf32x3t":
+        ah, al = tf32_split(a.to(tl.float32))
+        bh, bl = tf32_split(b.to(tl.float32))
+        r = tl.dot(al, bh, acc, input_precision="tf32")
+        r = tl.dot(ah, bh, tl.dot(ah, bl, r, input_precision="tf32"), input_precision="tf32")
     elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     elif PREC == "bf16":
@@ -50,6 +73,8 @@ def mm(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
     """a @ b -> float32 at precision PREC (module doc)."""
     if PREC == "fma":
         r = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
+    elif (PREC == "tf32x2t") or (PREC == "tf32x3t"):
+        r = mma_acc(a, b, tl.zeros([a.shape[0], b.shape[1]], tl.float32), PREC, EXACT)
     elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif PREC == "bf16":

@@ -283,6 +283,9 @@ VERIFY_CASES = [
     ("fma-dual-bf16-gqa-T4", GQA, "dual", "float32", "bfloat16", torch.bfloat16, 4, 3, 7, {"FMA": True}),
     ("fma-prepass-fp8-T2", TINY, "dual", "float32", "float8_e4m3", torch.float32, 2, 3, 5,
      {"FMA": True, "PREPASS": True, "BLOCK_V": 4}),
+    # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
+    ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
+     {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
 ]
 
 
@@ -350,6 +353,8 @@ for b in (1, 256):
     for j, p in enumerate(G.plan_verify_all(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
                                             config={"PREPASS": True})):   # tuning variant: pre-pass + main
         res[f"verify prepass T4 b{b} launch {j}"] = p
+    res[f"verify trunc-split T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1,
+                                                      o=iv["v"], config={"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"})
     res[f"verify fma T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
                                                config={"FMA": True, "BLOCK_V": 32, "CHUNK_K": 16, "num_warps": 4})
 out = {}

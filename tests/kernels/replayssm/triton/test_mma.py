@@ -1,0 +1,77 @@
+"""The verify kernels' matrix-product helpers (replayssm.triton.mma) against fp64 products:
+the truncation splits "tf32x2t" (one fp32 operand, the other exact in tf32) and "tf32x3t"
+(both fp32), beside Triton's "tf32x3". Under the CPU interpreter their tf32 dots run in fp32,
+so this checks the split algebra; on a GPU it checks the error bound of the tensor cores."""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from replayssm.triton.mma import mm, mma_acc, tf32_split
+
+from kernel_checks import CUDA, DEV, gen
+
+
+@triton.jit
+def _mm_kernel(a_ptr, b_ptr, acc_ptr, o_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+               PREC: tl.constexpr, ACC: tl.constexpr, EXACT: tl.constexpr):
+    m = tl.arange(0, M)
+    k = tl.arange(0, K)
+    n = tl.arange(0, N)
+    a = tl.load(a_ptr + m[:, None] * K + k[None, :])
+    b = tl.load(b_ptr + k[:, None] * N + n[None, :])
+    if ACC:
+        r = mma_acc(a, b, tl.load(acc_ptr + m[:, None] * N + n[None, :]), PREC, EXACT)
+    else:
+        r = mm(a, b, PREC, EXACT)
+    tl.store(o_ptr + m[:, None] * N + n[None, :], r)
+
+
+@triton.jit
+def _split_kernel(a_ptr, hi_ptr, lo_ptr, M: tl.constexpr):
+    i = tl.arange(0, M)
+    hi, lo = tf32_split(tl.load(a_ptr + i))
+    tl.store(hi_ptr + i, hi)
+    tl.store(lo_ptr + i, lo)
+
+
+def _run(a, b, prec, acc=None):
+    M, K = a.shape
+    N = b.shape[1]
+    o = torch.empty(M, N, dtype=torch.float32, device=DEV)
+    _mm_kernel[(1,)](a, b, o if acc is None else acc, o, M=M, K=K, N=N, PREC=prec, ACC=acc is not None,
+                     EXACT=not CUDA)
+    return o
+
+
+# the bound per product relative to sum |a_ik b_kj|: 2^-20 for the truncation splits
+# (one lost tf32 rounding of the low part), Triton's tf32x3 ~2^-22
+BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19}
+
+
+@pytest.mark.parametrize("prec,b_dtype", [("tf32x2t", torch.bfloat16), ("tf32x3t", torch.float32),
+                                          ("tf32x3", torch.float32)])
+@pytest.mark.parametrize("with_acc", [False, True])
+def test_products_within_bound(prec, b_dtype, with_acc):
+    g = gen(11)
+    # wide exponent range: the split must hold for small and large magnitudes
+    a = (torch.randn(32, 64, generator=g) * torch.exp2(torch.randint(-20, 20, (32, 64), generator=g))).to(DEV)
+    b = torch.randn(64, 16, generator=g).to(b_dtype).to(DEV)
+    acc = torch.randn(32, 16, generator=g).to(DEV) if with_acc else None
+    o = _run(a, b, prec, acc)
+    ref = a.double() @ b.double() + (acc.double() if with_acc else 0)
+    scale = a.double().abs() @ b.double().abs() + (acc.double().abs() if with_acc else 0)
+    err = ((o.double() - ref).abs() / scale).max().item()
+    assert err <= BOUND[prec], f"{prec}: {err:.3g}"
+
+
+def test_tf32_split_is_exact_and_truncates():
+    g = gen(12)
+    a = (torch.randn(256, generator=g) * torch.exp2(torch.randint(-60, 60, (256,), generator=g))).to(DEV)
+    hi, lo = torch.empty_like(a), torch.empty_like(a)
+    _split_kernel[(1,)](a, hi, lo, M=256)
+    assert torch.equal(hi + lo, a)                                          # exact split
+    assert (hi.view(torch.int32) & 0x1FFF == 0).all()                       # hi fits tf32
+    assert (lo.abs() <= a.abs() * 2.0 ** -10).all()                         # lo below hi's last bit
