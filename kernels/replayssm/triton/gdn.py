@@ -44,7 +44,7 @@ from ..state import FP8_MAX, GDNReplayState
 from .common import cast
 from .launch import last_contig
 from .mma import mm, mma_acc, mma_precision
-from .offline import signature
+from .offline import compile_launch
 
 _TICKET = tl.constexpr(1 << 16)
 _CUR_MASK = tl.constexpr((1 << 16) - 1)
@@ -1371,39 +1371,9 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
 
 
 # ----------------------------------------------------------------------------- offline compile
-def compile_offline(plan, arch: int = 90) -> dict:
-    """Compile a plan's kernel for CUDA sm_<arch> without a GPU (Triton's bundled LLVM and
-    ptxas) and return {'regs', 'stack', 'local', 'shared'} per thread/CTA from the cubin, 'smem'
-    (the bytes of shared memory the launch asks for) and 'asm' (the compiler's ttgir/ptx/...).
-
-    Specialises like the JIT does at launch (tensors 16-byte aligned, ints divisible by 16
-    marked so, ints equal to 1 as constants). Needs TRITON_INTERPRET unset. Plans may be
-    built from tensors on the 'meta' device (only dtypes and strides are used).
-    """
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+def compile_offline(plan, arch: int = 90, asm: bool = False) -> dict:
+    """A plan's kernel compiled for CUDA sm_<arch> without a GPU: offline.compile_launch's
+    resource use ('regs', 'stack', 'local', spills, 'shared', 'smem'; 'asm' with asm=True). Plans may be built
+    from tensors on the 'meta' device."""
     kernel, _, args, meta = plan
-    if not isinstance(kernel, triton.runtime.JITFunction):
-        raise RuntimeError("compile_offline needs TRITON_INTERPRET unset (kernels are interpreted)")
-    meta = dict(meta)
-    options = {"num_warps": meta.pop("num_warps")}
-    if "num_stages" in meta:
-        options["num_stages"] = meta.pop("num_stages")
-    names = kernel.arg_names
-    sig, consts, attrs = signature(names, args, meta)
-    src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    use = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", out.split("Function", 1)[1]))
-    return {"regs": int(use["REG"]), "stack": int(use["STACK"]), "local": int(use["LOCAL"]),
-            "shared": int(use["SHARED"]), "smem": int(ck.metadata.shared), "asm": ck.asm}
+    return compile_launch(kernel, args, meta, arch, asm)

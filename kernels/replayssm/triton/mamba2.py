@@ -48,7 +48,7 @@ import triton.language as tl
 from .common import cast, silu, softplus
 from .launch import Launch, last_contig, out_like
 from .mma import mma_acc, mma_precision
-from .offline import signature
+from .offline import compile_launch
 
 # ----------------------------------------------------------------------------- launch configs
 # Tables for the lead to tune; defaults measured on an H200 by tools/tune_mamba2.py (see
@@ -1117,53 +1117,8 @@ def verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None)
 
 
 # ----------------------------------------------------------------------------- offline compile
-def compile_offline(launch: Launch, arch: int = 90) -> dict:
-    """Compile a recorded launch for CUDA sm_<arch> without a GPU (Triton's bundled LLVM and
-    ptxas) and report ptxas' resource use: {'regs', 'spill_stores', 'spill_loads', 'ptx'}.
-
-    Specialises as the JIT does at launch (tensors 16-byte aligned, ints divisible by 16
-    marked so, ints equal to 1 as constants). Needs TRITON_INTERPRET unset in this process;
-    plans may be built from tensors on the 'meta' device (only dtypes and strides matter).
-    """
-    import re
-    import shutil
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = launch.kernel
-    if not isinstance(kernel, triton.runtime.JITFunction):
-        raise RuntimeError("compile_offline needs TRITON_INTERPRET unset (kernels are interpreted)")
-    meta = dict(launch.meta)
-    num_warps = meta.pop("num_warps")
-    options = {"num_warps": num_warps}
-    if "num_stages" in meta:
-        options["num_stages"] = meta.pop("num_stages")
-    if meta.get("maxnreg") is not None:
-        options["maxnreg"] = meta.pop("maxnreg")
-    if "EXACT" in meta:
-        meta["EXACT"] = False        # GPU code path (hardware conversions, bf16 MMAs)
-    sig, consts, attrs = signature(kernel.arg_names, launch.args, meta)
-    compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
-                              options=options)
-    ptx = compiled.asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        ptxas = shutil.which("ptxas")
-    if ptxas is None:
-        raise RuntimeError("ptxas not found")
-    suffix = "a" if arch >= 90 else ""
-    with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        res = subprocess.run([ptxas, f"-arch=sm_{arch}{suffix}", "-v", src, "-o", os.path.join(d, "k.cubin")],
-                             capture_output=True, text=True, check=True)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
-    return {"regs": int(regs.group(1)) if regs else None,
-            "spill_stores": int(spill.group(1)) if spill else 0,
-            "spill_loads": int(spill.group(2)) if spill else 0,
-            "ptx": ptx}
+def compile_offline(launch: Launch, arch: int = 90, asm: bool = False) -> dict:
+    """A recorded launch compiled for CUDA sm_<arch> without a GPU: offline.compile_launch's
+    resource use ('regs', 'spill_stores', 'spill_loads', 'stack', ...; 'asm' with asm=True; EXACT compiled
+    as False). Plans may be built from tensors on the 'meta' device."""
+    return compile_launch(launch.kernel, launch.args, launch.meta, arch, asm)

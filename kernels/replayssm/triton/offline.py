@@ -1,5 +1,5 @@
 """What the three kernel modules share for compiling a launch offline (no GPU): the JIT's
-argument specialisation, written out as a Triton signature."""
+argument specialisation, written out as a Triton signature, and the compile + resource report."""
 from __future__ import annotations
 
 import torch
@@ -33,3 +33,58 @@ def signature(arg_names, args, meta: dict) -> tuple[dict, dict, dict]:
     for name in meta:
         sig[name] = "constexpr"
     return sig, consts, attrs
+
+
+def compile_launch(kernel, args, meta: dict, arch: int = 90, asm: bool = False) -> dict:
+    """Compile one launch (JIT kernel, its arguments, its constexprs + num_warps / num_stages /
+    maxnreg) for CUDA sm_<arch> without a GPU, with Triton's bundled LLVM, ptxas and cuobjdump.
+    Returns per thread / CTA: 'regs', 'spill_stores' and 'spill_loads' (bytes, ptxas -v),
+    'stack', 'local', 'shared' (cuobjdump's resource usage), 'smem' (the shared memory the
+    launch asks for) and, with asm=True, 'asm' (Triton's ttgir / ptx / cubin ...). An EXACT constexpr is
+    compiled as False (the GPU code path). Needs TRITON_INTERPRET unset in this process
+    (kernels are interpreted otherwise); the arguments may be tensors on the 'meta' device."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError("compiling offline needs TRITON_INTERPRET unset (kernels are interpreted)")
+    meta = dict(meta)
+    options = {"num_warps": meta.pop("num_warps")}
+    for opt in ("num_stages", "maxnreg"):
+        if meta.get(opt) is not None:
+            options[opt] = meta.pop(opt)
+        meta.pop(opt, None)
+    if "EXACT" in meta:
+        meta["EXACT"] = False
+    sig, consts, attrs = signature(kernel.arg_names, args, meta)
+    ck = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32), options=options)
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    tools = {}
+    for tool in ("ptxas", "cuobjdump"):
+        path = os.path.join(bindir, tool)
+        tools[tool] = path if os.path.exists(path) else shutil.which(tool)
+        if tools[tool] is None:
+            raise RuntimeError(f"{tool} not found (Triton's NVIDIA backend binaries, or PATH)")
+    with tempfile.TemporaryDirectory() as d:
+        ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(ck.asm["ptx"])
+        res = subprocess.run([tools["ptxas"], f"-arch=sm_{arch}{'a' if arch >= 90 else ''}", "-v", ptx, "-o",
+                              cubin], capture_output=True, text=True, check=True)
+        with open(cubin, "wb") as f:     # the cubin Triton built (the one that would run)
+            f.write(ck.asm["cubin"])
+        usage = subprocess.run([tools["cuobjdump"], "--dump-resource-usage", cubin], capture_output=True,
+                               text=True, check=True).stdout
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+    use = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", usage.split("Function", 1)[1]))
+    return {"regs": int(use["REG"]), "spill_stores": int(spill.group(1)) if spill else 0,
+            "spill_loads": int(spill.group(2)) if spill else 0, "stack": int(use["STACK"]),
+            "local": int(use["LOCAL"]), "shared": int(use["SHARED"]), "smem": int(ck.metadata.shared),
+            **({"asm": ck.asm} if asm else {})}

@@ -27,7 +27,7 @@ import triton.language as tl
 from ..reference import L2_EPS
 from .common import cast, silu, softplus
 from .launch import Launch, last_contig, out_like
-from .offline import signature
+from .offline import compile_launch
 
 # Launch table: rows (max_batch, rows per program, num_warps); the first row with batch <=
 # max_batch wins (None: any). Rows per program is clamped to next_pow2(P or dv). A program's
@@ -231,42 +231,8 @@ def verify_gdn(states, slot_table, start, q, k, v, g, beta, scale=None, out=None
     return o
 
 
-def compile_offline(launch: Launch, arch: int = 90) -> dict:
-    """Compile a recorded launch for CUDA sm_<arch> without a GPU (Triton's bundled LLVM and
-    ptxas) and return ptxas' {'regs', 'spill_stores', 'spill_loads'}. Specialises as the JIT
-    does at launch (tensors 16-byte aligned, ints divisible by 16 marked so, ints equal to 1
-    constant); EXACT is off (GPU code). Needs TRITON_INTERPRET unset in this process; plans
-    may be built from tensors on the 'meta' device."""
-    import re
-    import shutil
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = launch.kernel
-    if not isinstance(kernel, triton.runtime.JITFunction):
-        raise RuntimeError("compile_offline needs TRITON_INTERPRET unset (kernels are interpreted)")
-    meta = dict(launch.meta)
-    num_warps = meta.pop("num_warps")
-    meta["EXACT"] = False
-    sig, consts, attrs = signature(kernel.arg_names, launch.args, meta)
-    compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": num_warps})
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        ptxas = shutil.which("ptxas")
-    if ptxas is None:
-        raise RuntimeError("ptxas not found")
-    with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "k.ptx")
-        with open(src, "w") as f:
-            f.write(compiled.asm["ptx"])
-        res = subprocess.run([ptxas, f"-arch=sm_{arch}{'a' if arch >= 90 else ''}", "-v", src, "-o",
-                              os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
-    return {"regs": int(regs.group(1)) if regs else None,
-            "spill_stores": int(spill.group(1)) if spill else 0,
-            "spill_loads": int(spill.group(2)) if spill else 0}
+def compile_offline(launch: Launch, arch: int = 90, asm: bool = False) -> dict:
+    """A recorded launch compiled for CUDA sm_<arch> without a GPU: offline.compile_launch's
+    resource use ('regs', 'spill_stores', 'spill_loads', 'stack', ...; 'asm' with asm=True; EXACT compiled
+    as False). Plans may be built from tensors on the 'meta' device."""
+    return compile_launch(launch.kernel, launch.args, launch.meta, arch, asm)

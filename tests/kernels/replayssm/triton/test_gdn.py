@@ -357,11 +357,7 @@ for b in (1, 256):
                                                       o=iv["v"], config={"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"})
     res[f"verify fma T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
                                                config={"FMA": True, "BLOCK_V": 32, "CHUNK_K": 16, "num_warps": 4})
-out = {}
-for k, p in res.items():
-    r = G.compile_offline(p)
-    out[k] = {kk: vv for kk, vv in r.items() if kk != "asm"}
-print(json.dumps(out))
+print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))
 """
 
 

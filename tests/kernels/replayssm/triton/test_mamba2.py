@@ -553,7 +553,6 @@ out = {}
 for name, launches in plans.items():
     for launch in launches:
         r = tk.compile_offline(launch)
-        r.pop("ptx")
         r["warps"] = launch.meta["num_warps"]
         out[f"{name}: {launch.kernel.__name__}"] = r
 print(json.dumps(out))
