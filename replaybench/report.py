@@ -659,13 +659,14 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     cross = ("; * = the eager and method medians come from different sessions of this resumed run "
              "(see 'sessions' above: possibly another GPU or commit)"
              if len(sp) and sp["cross_session"].any() else "")
-    from .report_size import scaled_models, sections as size_sections   # width/depth-scaled variants
-    for model, png, _ in fig_speedup_heatmaps(df, manifest, out_dir, cpu, sp, covered=scaled_models(df)):
+    from .report_size import sections as size_sections, size_table   # width/depth-scaled variants
+    size_t = size_table(df, sp)
+    for model, png, _ in fig_speedup_heatmaps(df, manifest, out_dir, cpu, sp, covered=set(size_t["model"])):
         figures.append((f"Speedup vs eager: {model}",
                         "Eager median / method median, same run, same model, batch, state dtype "
                         f"and backend, at the largest batch; n/a = not measured or invalid (K > L){cross}.",
                         png))
-    size_figures, size_tables = size_sections(df, manifest, out_dir, cpu)
+    size_figures, size_tables = size_sections(df, manifest, out_dir, cpu, size_t)
     figures += size_figures
     from .report_spec import sections as spec_sections   # speculative decoding, SSM-state memory
     extra_figures, extra_tables = spec_sections(df, out_dir, cpu)

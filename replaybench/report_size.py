@@ -28,11 +28,12 @@ SIZE_COLS = ["base model", "depth", "width", "state/layer", "method", "backend",
 _BATCH_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
 
 
-def size_table(df) -> pd.DataFrame:
-    """Replay-family speedups (speedup_table: eager median / method median, same run) of the scaled
-    variants of every base model with >= 2 variants in the run, one configuration per method
-    (report.representative, triton preferred), sorted by base model, size, method, batch."""
-    sp = speedup_table(df)
+def size_table(df, sp=None) -> pd.DataFrame:
+    """Replay-family speedups (speedup_table: eager median / method median, same run; `sp` when
+    the caller has it) of the scaled variants of every base model with >= 2 variants in the run,
+    one configuration per method (report.representative, triton preferred), sorted by base
+    model, size, method, batch."""
+    sp = speedup_table(df) if sp is None else sp
     if len(sp):
         sp = sp[sp["spec_window"] == 0]     # a speculative round is T tokens, not one decode step
     if sp.empty or not sp["model"].str.contains("@").any():
@@ -69,11 +70,6 @@ def _model(name: str):
         return get_model(name)
     except ValueError:      # a model this checkout does not know (an old run's): not part of a family
         return None
-
-
-def scaled_models(df) -> set[str]:
-    """Models the model-size section covers (their speedups are in its figure and table)."""
-    return set(size_table(df)["model"])
 
 
 def _varies(t: pd.DataFrame) -> str:
@@ -148,10 +144,11 @@ def _scale_label(r, per_seq: bool) -> str:
     return f"×{r['width']:g}" + (f" d×{r['depth']:g}" if r["depth"] != 1 else "")
 
 
-def sections(df, manifest: dict, out_dir: Path, cpu: bool = False):
+def sections(df, manifest: dict, out_dir: Path, cpu: bool = False, table=None):
     """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for report.py;
-    both empty when the run has no base model with >= 2 scaled variants."""
-    t = size_table(df)
+    both empty when the run has no base model with >= 2 scaled variants. `table`: size_table(df)
+    when the caller has it (report.py also needs its models: their 1x1 heat maps are dropped)."""
+    t = size_table(df) if table is None else table
     if t.empty:
         return [], []
     png = fig_size_speedup(t, out_dir, _device_suffix(manifest, cpu))
