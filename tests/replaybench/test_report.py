@@ -3,7 +3,8 @@ import re
 import pytest
 
 from replaybench.report import speedup_table, write_report
-from replaybench.store import RunStore
+
+from rb_runs import store_run
 
 CPU_DEVICE = {"kind": "cpu", "name": "Test CPU 9000", "label": "cpu", "torch_threads": 2}
 GPU_DEVICE = {"kind": "cuda", "name": "NVIDIA H200", "label": "NVIDIA H200", "uuid": "GPU-1234",
@@ -22,11 +23,7 @@ def make_run(tmp_path, device=CPU_DEVICE, run_id="synthetic", rows=None):
                 "ceilings": {"copy_gbps": 20.0, "read_gbps": 21.0, "matmul_tflops": 0.1,
                              "matmul_dtype": "float32"},
                 "git": {"sha": "deadbeef", "dirty": True}, "sessions": []}
-    st = RunStore.create_or_resume(tmp_path / "results", run_id, manifest)
-    for r in rows if rows is not None else synthetic_rows(device["label"]):
-        st.append(r)
-    st.unlock()
-    return st
+    return store_run(tmp_path, run_id, manifest, rows if rows is not None else synthetic_rows(device["label"]))
 
 
 def synthetic_rows(device="cpu"):

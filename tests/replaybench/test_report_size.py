@@ -6,6 +6,8 @@ from replaybench.report import write_report
 from replaybench.report_size import sections, size_table
 from replaybench.store import RunStore
 
+from rb_runs import store_run, syn_manifest
+
 H200 = {"kind": "cuda", "name": "NVIDIA H200", "label": "NVIDIA H200"}
 EAGER_US = {"tiny-mamba2@d1w0.5": 10.0, "tiny-mamba2": 20.0, "tiny-mamba2@d1w2": 40.0, "tiny-gdn": 30.0,
             "tiny-mamba2@d0.5w1": 20.0}
@@ -35,13 +37,7 @@ def rows_for(models, batches=(4, 16)):
 
 
 def make_run(tmp_path, rows, run_id="syn"):
-    manifest = {"run_id": run_id, "created": "2026-11-30T00:00:00+00:00",
-                "scenario": {"name": "syn", "path": "syn.toml", "sha256": "f" * 64, "runner": "kernel"},
-                "device": H200, "versions": {}, "git": {"sha": "deadbeef", "dirty": False}}
-    st = RunStore.create_or_resume(tmp_path / "results", run_id, manifest)
-    for r in rows:
-        st.append(r)
-    st.unlock()
+    store_run(tmp_path, run_id, syn_manifest(run_id, H200), rows)
     return write_report(run_id, reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
 
 

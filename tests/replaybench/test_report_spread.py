@@ -11,6 +11,8 @@ from replaybench.report import write_report
 from replaybench.report_spread import TARGET_PCT, fmt_pct, spread_table, summarise
 from replaybench.store import RunStore
 
+from rb_runs import store_run, syn_manifest
+
 H200 = {"kind": "cuda", "name": "NVIDIA H200", "label": "NVIDIA H200"}
 
 # case -> (RUN median, relative difference of OTHER, in %); the spreads are |these|
@@ -45,14 +47,8 @@ def row(run_id, model, method, batch, med, status="ok", device="NVIDIA H200"):
 
 
 def store(tmp_path, run_id, rows, device=H200):
-    manifest = {"run_id": run_id, "created": f"2026-11-30T00:00:0{len(run_id) % 10}+00:00",
-                "scenario": {"name": "syn", "path": "syn.toml", "sha256": "f" * 64, "runner": "kernel"},
-                "device": device, "versions": {}, "git": {"sha": "deadbeef", "dirty": False}}
-    st = RunStore.create_or_resume(tmp_path / "results", run_id, manifest)
-    for r in rows:
-        st.append(r)
-    st.unlock()
-    return st
+    return store_run(tmp_path, run_id, syn_manifest(run_id, device, f"2026-11-30T00:00:0{len(run_id) % 10}+00:00"),
+                     rows)
 
 
 def make_pair(tmp_path):
