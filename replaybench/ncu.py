@@ -92,9 +92,9 @@ def _child(case_json: str) -> None:
     case = Case(**json.loads(case_json))
     model = get_model(case.model)
     device = case.device or "cuda"
-    if case.method in ("spec-replay", "spec-replay-dual", "spec-perdraft"):   # verify + commit: runners/spec.py
-        from .runners.spec import profile_rounds
-        return profile_rounds(case, device, _steps(case))
+    from .runners import spec
+    if case.method in spec.METHODS:     # verify + commit rounds: runners/spec.py
+        return spec.profile_rounds(case, device, _steps(case))
     gen = torch.Generator().manual_seed(case.seed)
     layer = Layer(model.op, model.ssm, case.method, case.backend, case.batch, case.buffer_len, case.flush_period,
                   case.state_dtype, case.lo_dtype, device, gen)

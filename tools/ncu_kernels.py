@@ -38,7 +38,8 @@ def make_case(args, model: str):
     """The sweep's Case for the arguments (scenario conventions: L = K + T for spec-replay)."""
     from replaybench.models import get_model
     from replaybench.scenario import Case, make_case_id
-    if args.method in ("spec-replay", "spec-replay-dual", "spec-perdraft", "vllm-spec"):
+    from replaybench.scenario import METHODS as SPECS
+    if SPECS[args.method].spec:
         return ts.mk_case(model, args.method.replace("-dual", ""), args.batch, args.T, args.K, args.lo, "cuda")
     L, K = (args.L, args.K) if args.method in ("replay", "replay-dual") else (0, 0)
     lo = args.lo if args.method == "replay-dual" else "none"

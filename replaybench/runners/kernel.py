@@ -164,8 +164,8 @@ def layers_for(state_bytes_per_layer: float, device: str) -> int:
 
 
 def run(case, ctx) -> dict:
-    if case.method in ("spec-replay", "spec-replay-dual", "spec-perdraft"):   # speculative rounds: runners/spec.py
-        from . import spec
+    from . import spec
+    if case.method in spec.METHODS:     # speculative rounds: runners/spec.py
         return spec.run(case, ctx)
     if case.backend == "vllm":          # vLLM's own kernels: see runners/peers.py
         from . import peers

@@ -34,12 +34,11 @@ from ..accept import DEFAULT, draw_accepted, mean_accepted, resolve_accept
 from ..memory import layer_memory
 from ..models import get_model
 from ..timing import measure
-from ..traffic import step_traffic
+from ..traffic import SPEC_REPLAY_METHODS as REPLAY_METHODS, step_traffic
 from . import SkipCase
 from .kernel import CHECK_TOL, Layer, _device_gen, _rel, _state_geometry, layers_for
 
-METHODS = ("spec-replay", "spec-replay-dual", "spec-perdraft")
-REPLAY_METHODS = ("spec-replay", "spec-replay-dual")
+METHODS = REPLAY_METHODS + ("spec-perdraft",)     # the methods this runner measures (kernel.run routes them here)
 MIN_ROUNDS = 8          # rounds per sample on a GPU: max(K, MIN_ROUNDS); on a CPU max(K, 2)
 
 
