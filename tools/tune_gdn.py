@@ -27,6 +27,10 @@ import traceback
 
 T0 = time.time()
 BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
+# TUNE_MODES: comma list of the batch-256 Qwen3.5-122B modes to search (of eager-f32, eager-bf16,
+# f32, dual-fp8, dual-bf16, bf16; default all, then batch 1/32 and Qwen3.5-4B); when given, only
+# those modes run (a focused probe that fits a short device call)
+FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isdir(os.path.join(ROOT, ".vllm-stub")):
     sys.path.insert(0, os.path.join(ROOT, ".vllm-stub"))
@@ -312,7 +316,10 @@ def job_list():
     jobs = []
     for mode, cfgs in BIG.items():
         for c in cfgs:
-            jobs.append(("q122b", mode, 256, c))
+            if not FOCUS or mode in FOCUS:
+                jobs.append(("q122b", mode, 256, c))
+    if FOCUS:
+        return jobs
     for b, d in SMALL.items():
         for mode, cfgs in d.items():
             for c in cfgs:
@@ -624,10 +631,23 @@ def main():
     print(f"{'model':6s} {'mode':10s} {'batch':5s} {'variant':44s} {'us/step/layer':>12s} {'GB/s':>9s} {'%copy':>7s}",
           flush=True)
     winners = {}
+    if FOCUS:
+        bad = sorted(set(FOCUS) - set(BIG))
+        if bad:
+            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}")
+        run_vllm("q122b", "float32", 256)
+        for mode in FOCUS:
+            if mode.startswith("eager-"):
+                run_eager("q122b", {"eager-f32": "float32", "eager-bf16": "bfloat16"}[mode], 256, BIG[mode])
+            else:
+                run_replay("q122b", mode, 256, BIG[mode])
+        summary()
+        return
     # 1. Qwen3.5-122B, batch 256: eager and every replay mode, the wide search
     for sd, mode in (("float32", "eager-f32"), ("bfloat16", "eager-bf16")):
         winners[mode] = best(run_eager("q122b", sd, 256, BIG[mode]))
-    vl = {sd: run_vllm("q122b", sd, 256) for sd in ("float32", "bfloat16")}
+    for sd in ("float32", "bfloat16"):
+        run_vllm("q122b", sd, 256)
     for mode in ("f32", "dual-fp8", "dual-bf16", "bf16"):
         winners[mode] = best(run_replay("q122b", mode, 256, BIG[mode]))
         print(f"# [{elapsed():.0f} s]", flush=True)
@@ -650,7 +670,11 @@ def main():
         we, wr = winners[f"b{b}"]
         run_eager("q4b", "float32", b, [c for _, c in we[:1]] or SMALL[b]["eager-f32"][:1])
         run_replay("q4b", "f32", b, [SMALL[b]["f32"][0]] + [c for _, c in wr[:2] if not c.get("OLD")])
-    # summary: best per (model, mode, batch)
+    summary()
+
+
+def summary():
+    """Best variant per (model, mode, batch) of the rows measured."""
     print("\n# best per case (variant, us, % of copy)", flush=True)
     seen = {}
     for r in ROWS:
