@@ -28,7 +28,8 @@ import traceback
 T0 = time.time()
 BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
 # TUNE_MODES: comma list of the batch-256 Qwen3.5-122B modes to search (of eager-f32, eager-bf16,
-# f32, dual-fp8, dual-bf16, bf16; default all, then batch 1/32 and Qwen3.5-4B); when given, only
+# f32, dual-fp8, dual-bf16, bf16, and b1 / b32: fp32 eager vs replay at that batch, both Qwen3.5
+# dims; default all, then batch 1/32 and Qwen3.5-4B); when given, only
 # those modes run (a focused probe that fits a short device call)
 FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -210,6 +211,8 @@ def vname(c) -> str:
     s += f" pf{c['PF']}/{c['PF_DIST']}" if c["PF"] else " pf0"
     if c.get("PREFETCH"):
         s += " pre"
+    if c.get("EVERY_STEP"):
+        s += " every-step"
     f = {k[2:]: v for k, v in c.items() if k.startswith("F_")}
     if f:
         s += " | B " + ",".join(f"{k}{v}" for k, v in f.items())
@@ -249,11 +252,15 @@ BIG = {   # batch 256, Qwen3.5-122B: the wide search
 }
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
-                rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True)],
+                rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True),
+                # the small-batch route: flush at every step (eager's traffic, no buffered entries)
+                rcfg(8, 1, EVERY_STEP=True), rcfg(16, 2, EVERY_STEP=True), rcfg(16, 4, EVERY_STEP=True),
+                rcfg(32, 4, EVERY_STEP=True)],
         "eager-f32": [EAGER(8, 1), EAGER(16, 2), EAGER(16, 4), EAGER(4, 1)]},
     32: {"f32": [OLD(32, 4), rcfg(32, 4), rcfg(32, 4, prefetch=True), rcfg(16, 4, prefetch=True),
                  rcfg(32, 4, 2, 2, 2, 1, prefetch=True), rcfg(16, 4, 2, 2, 2, 1, prefetch=True),
-                 rcfg(32, 4, 4, 4, 2, 2, True), rcfg(32, 4, 2, 2, 2, 2, True, True), rcfg(64, 8, 2, 4, 2, 2, True)],
+                 rcfg(32, 4, 4, 4, 2, 2, True), rcfg(32, 4, 2, 2, 2, 2, True, True), rcfg(64, 8, 2, 4, 2, 2, True),
+                 rcfg(16, 2, EVERY_STEP=True), rcfg(32, 4, EVERY_STEP=True), rcfg(32, 4, 2, 2, EVERY_STEP=True)],
          "eager-f32": [EAGER(16, 2), EAGER(32, 4), EAGER(16, 4), EAGER(8, 2)]},
 }
 
@@ -319,6 +326,9 @@ def job_list():
             if not FOCUS or mode in FOCUS:
                 jobs.append(("q122b", mode, 256, c))
     if FOCUS:
+        for b in (1, 32):
+            if f"b{b}" in FOCUS:
+                jobs += [(m, mode, b, c) for m in ("q122b", "q4b") for mode, cfgs in SMALL[b].items() for c in cfgs]
         return jobs
     for b, d in SMALL.items():
         for mode, cfgs in d.items():
@@ -451,6 +461,8 @@ def clone_rs(rs):
 def check_replay(model, mode, batch, cfg, base, steps=3) -> str:
     """'' if the variant matches the reference over `steps` steps (outputs, checkpoints, cursors), else why."""
     rs, rr = clone_rs(base), clone_rs(base)
+    if cfg.get("EVERY_STEP"):   # the small-batch route flushes at every step: so must the reference
+        rr.flush_period = 1
     idx = torch.arange(batch, dtype=torch.int32, device=DEV)
     worst = 0.0
     for s in range(steps):
@@ -632,12 +644,19 @@ def main():
           flush=True)
     winners = {}
     if FOCUS:
-        bad = sorted(set(FOCUS) - set(BIG))
+        bad = sorted(set(FOCUS) - set(BIG) - {"b1", "b32"})
         if bad:
-            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}")
-        run_vllm("q122b", "float32", 256)
+            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}, b1, b32")
+        if set(FOCUS) & set(BIG):
+            run_vllm("q122b", "float32", 256)
         for mode in FOCUS:
-            if mode.startswith("eager-"):
+            if mode in ("b1", "b32"):   # fp32 eager vs replay at a small batch, both Qwen3.5 dims
+                b = int(mode[1:])
+                for model in ("q122b", "q4b"):
+                    run_eager(model, "float32", b, SMALL[b]["eager-f32"])
+                    run_vllm(model, "float32", b)
+                    run_replay(model, "f32", b, SMALL[b]["f32"])
+            elif mode.startswith("eager-"):
                 run_eager("q122b", {"eager-f32": "float32", "eager-bf16": "bfloat16"}[mode], 256, BIG[mode])
             else:
                 run_replay("q122b", mode, 256, BIG[mode])

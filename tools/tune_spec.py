@@ -128,6 +128,12 @@ GDN_VARIANTS: dict[str, dict] = {
     "sm-t3": dict(SMALL_PREC="tf32x3t"),
     "s-t2-sm-t3": dict(S_PREC="tf32x2t", SMALL_PREC="tf32x3t"),
     "bv32w2-s-t2-sm-t3": dict(BLOCK_V=32, num_warps=2, S_PREC="tf32x2t", SMALL_PREC="tf32x3t"),
+    # the defaults before the splits (Triton's "tf32x3" everywhere), and whole-head row tiles now
+    # that the splits freed registers (the per-head small products done once per head, not twice)
+    "old-tf32x3": dict(S_PREC="tf32x3", SMALL_PREC="tf32x3"),
+    "bv128w4": dict(BLOCK_V=128, num_warps=4),
+    "bv128w8": dict(BLOCK_V=128, num_warps=8),
+    "bv64w4": dict(BLOCK_V=64, num_warps=4),
     # broadcast-FMA products at the true tile sizes (FMA: T drafts -> next_pow2(T) columns, not 16);
     # sm_90 registers at Qwen3.5-122B fp32 T4: 32x4w k16 128, 64x4w k16 168, 16x2w k32 128, 64x8w k32 213
     "fma-bv32w4-k16": dict(FMA=True, BLOCK_V=32, num_warps=4, CHUNK_K=16),

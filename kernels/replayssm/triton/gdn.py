@@ -43,7 +43,7 @@ from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
 from .common import cast
 from .launch import last_contig
-from .mma import mm, mma_acc, mma_precision
+from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
 _TICKET = tl.constexpr(1 << 16)
@@ -71,15 +71,21 @@ CONFIGS: dict[str, list[tuple]] = {
     "replay:1": [(4, 8, 1, {"PREFETCH": True}),
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 128, 4, _BIG_READ)],
-    "flush_step": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2})],
+    # FOLD_MMA (fp32 non-dual high copies only): Qwen3.5-122B b256 step 450 us vs 563 us with
+    # rank-1 folds, same config otherwise (tools/tune_gdn.py)
+    "flush_step": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
     "verify":   [(4, 16, 1), (None, 64, 2)],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
-# Verify: tl.dot precision of the state tile times the drafts' raw keys/queries when the
-# state is fp32 ("tf32x3": ~2^-22 per product; "bf16x3" ~2^-16; "ieee" exact, FMA).
-VERIFY_F32_PRECISION = "tf32x3"
+# Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
+# drafts' raw keys/queries, and the small T- and L-sized products). "split" (default): the
+# truncation splits of mma.split_precision ("tf32x2t" for fp32 x bf16 keys, "tf32x3t" for
+# fp32 x fp32; ~2^-20 per product), 16 % faster than Triton's "tf32x3" at Qwen3.5-122B b256
+# T4 on the H200 (tools/tune_spec.py, docs/kernels.md); or any single precision for all of
+# them ("tf32x3" ~2^-22, "bf16x3" ~2^-16, "ieee" exact, FMA).
+VERIFY_F32_PRECISION = "split"
 VERIFY_CHUNK_K = 32   # dk columns per MMA step of the verify kernel's loop over the state tile
 # Tuning hook: OVERRIDE["verify"] = {BLOCK_V, num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC,
 # num_stages, and the opt-in routes HEAD_LOOP, PREPASS, FMA (each measured slower on the H200:
@@ -611,11 +617,12 @@ def _gdn_flush_step_kernel(
     The cursor of every live row is written once (worker block (0, 0)): 0 after a flush, else
     n + 1. Nothing is read that a program of this launch writes. Programs with nothing to
     fold exit after one load.
-    FOLD_MMA (opt-in, non-dual high copies of 32 bits; not yet measured): a worker visits only
+    FOLD_MMA (the default for non-dual high copies of 32 bits; 20 % faster step on the H200): a worker visits only
     its own ranks (w, w + NW, ... < the number of flushing rows; one reduction each, not up to
     three for each of NT rank slots), and the non-dual fold is one matrix product per chunk,
     F = (U * w) Kb with U [rows, L] the stored u, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb
-    [L, dk] the raw keys (FOLD_PREC; bf16 keys are exact in tf32, the u side "tf32x3" ~2^-22),
+    [L, dk] the raw keys (FOLD_PREC, default "tf32x3" ~2^-22: the truncation split "tf32x2t"
+    spills at 32 rows x 4 warps on sm_90; bf16 keys are exact in tf32),
     instead of L rank-1 updates that each reduce their key's norm across the program.
     """
     GROUP: tl.constexpr = HV // HK
@@ -1180,11 +1187,17 @@ def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
 
 def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
     """Launch plan(s) of one replay step: [replay] (fused flush, ticket cursor) or, when the
-    config says SPLIT, [output-only replay, flush step]."""
+    config says SPLIT, [output-only replay, flush step]. EVERY_STEP (a small-batch route): the
+    fused kernel with flush period 1, so every step folds what the buffer holds (nothing, once
+    the route has run a step) and writes the checkpoint: eager's traffic and latency, the
+    replay state kept consistent (cursor 0) for steps that take another route."""
     batch, Hv, dv = v.shape
     Hk, dk = k.shape[1], k.shape[2]
     L = rs.capacity
     cfg = pick_config("replay", batch, dv, dk, L, config, state_bytes=rs.read_ckpt.data.element_size())
+    every = bool(cfg.get("EVERY_STEP", False))
+    if every:   # flush at every step: one fused launch; only the n pending entries are read
+        cfg.update(SPLIT=False, PREFETCH=False)
     rm = replay_meta(cfg, L, dv, Hv // Hk, rs.flush_period)
     split = bool(cfg.get("SPLIT", False))
     nrs = triton.cdiv(dv, rm["BLOCK_R"] * rm["NR"])
@@ -1196,7 +1209,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     idx = _rows_index(state_indices, batch, v.device)
     nxt = _nxt(rs, batch, v.device) if split else rs.cursor
     args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt,
-            *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
+            *_strides(q, k, v, g, beta, o, dims=2), scale, 1 if every else rs.flush_period, nprog]
     rd = rs.read_ckpt.data
     kind = {torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3}.get(rd.dtype, 0)
     pk = 4 // rd.element_size() if kind and cfg.get("PACK", True) else 1
@@ -1221,11 +1234,11 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                      HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                      NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                      HI_LPR=hi_lpr, HI_LS=hi_ls, **ck_meta)
-        # FOLD_MMA (opt-in, see the kernel): fp32 high copy, no dual, tiles tl.dot takes (>= 16)
+        # FOLD_MMA (see the kernel): fp32 high copy, no dual, tiles tl.dot takes (>= 16)
         if (fc.get("FOLD_MMA") and not dual and rs.hi.data.dtype == torch.float32
                 and min(fm["BLOCK_R"], cfg["BLOCK_K"]) >= 16):
             fmeta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
-                         FOLD_PREC=mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
+                         FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
         plans.append((_gdn_flush_step_kernel, fgrid, fargs, fmeta))
     return plans
 
@@ -1255,6 +1268,14 @@ def _coef_scratch(rs: GDNReplayState, numel: int, device) -> torch.Tensor:
     return t
 
 
+def _f32_precision(a: torch.dtype, b: torch.dtype) -> str:
+    """Verify MMA precision of operands stored as a (the fp32 side when one is) and b, per
+    VERIFY_F32_PRECISION."""
+    if VERIFY_F32_PRECISION == "split":
+        return split_precision(a, b)
+    return mma_precision(a, b, VERIFY_F32_PRECISION)
+
+
 def plan_verify_all(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None) -> list:
     """Launch plans of one verify: [main], or [coefficient pre-pass, main] when the config says
     PREPASS (an opt-in tuning variant; see _gdn_verify_kernel)."""
@@ -1281,12 +1302,11 @@ def plan_verify_all(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, 
     rec = 2 * block_l * T + 2 * T * T + 4 * T + 1            # one coefficient record (_coef_offsets)
     coef = _coef_scratch(rs, batch * Hv * rec, v.device) if prepass else o
     idx = _rows_index(state_indices, batch, v.device)
-    k_prec = "fma" if fma else mma_precision(rs.k.dtype, k.dtype, VERIFY_F32_PRECISION)
-    small = "fma" if fma else cfg.get("SMALL_PREC", "tf32x3")
+    k_prec = "fma" if fma else _f32_precision(rs.k.dtype, k.dtype)
+    small = "fma" if fma else cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32))
     args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, coef,
             *_strides(q, k, v, g, beta, o, dims=3), scale]
-    s_prec = "fma" if fma else (cfg.get("S_PREC")
-                                or mma_precision(rs.read_ckpt.data.dtype, k.dtype, VERIFY_F32_PRECISION))
+    s_prec = "fma" if fma else (cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype))
     meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_L=block_l,
                         BLOCK_T=max(least, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
                         S_PREC=s_prec, K_PREC=k_prec, EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),

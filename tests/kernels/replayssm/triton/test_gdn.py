@@ -183,19 +183,46 @@ REPLAY_CASES = [
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
     ("f32-gqa-split-foldmma-bf16", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
+    # the rank-1 fold (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
+    ("f32-tall-split-rank1", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
 ]
-FOLD_MMA_CASES = [c for c in REPLAY_CASES if (c[-1] or {}).get("F_FOLD_MMA")]
+FOLD_ROUTE_CASES = [c for c in REPLAY_CASES if "F_FOLD_MMA" in (c[-1] or {})]
 
 
-@pytest.mark.parametrize("case", FOLD_MMA_CASES, ids=[c[0] for c in FOLD_MMA_CASES])
-def test_fold_mma_cases_take_that_route(case):
-    # else the replay test would pass on the default fold and prove nothing about FOLD_MMA
+@pytest.mark.parametrize("case", FOLD_ROUTE_CASES, ids=[c[0] for c in FOLD_ROUTE_CASES])
+def test_fold_route_cases_take_that_route(case):
+    # else the replay test would pass on the other fold and prove nothing about the one named
     name, sh, mode, sd, lo, act, L, K, cfg = case
     rs, _ = make_pair(sh, 4, L, K, mode, sd, lo, act, gen(3))
     x = step_inputs(sh, 3, act, gen(4))
     from replayssm.triton import gdn as TK
     plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)
-    assert len(plans) == 2 and plans[1][3].get("FOLD_MMA") is True, name
+    assert len(plans) == 2 and bool(plans[1][3].get("FOLD_MMA")) is cfg["F_FOLD_MMA"], name
+
+
+def test_verify_precision_defaults(monkeypatch):
+    # fp32 state x bf16 keys: the two-pass truncation split; small fp32 products: three passes;
+    # VERIFY_F32_PRECISION names one precision for all of them instead
+    from replayssm.triton import gdn as TK
+    for act, s_want in ((torch.bfloat16, "tf32x2t"), (torch.float32, "tf32x3t")):
+        rs, _ = make_pair(GQA, 3, 7, 3, "replay", "float32", None, act, gen(3))
+        x = step_inputs(GQA, 3, act, gen(4), T=4)
+        meta = TK.plan_verify(rs, **x, state_indices=None, scale=0.3, o=x["v"])[3]
+        assert (meta["S_PREC"], meta["SMALL_PREC"]) == (s_want, "tf32x3t"), act
+    monkeypatch.setattr(TK, "VERIFY_F32_PRECISION", "tf32x3")
+    meta = TK.plan_verify(rs, **x, state_indices=None, scale=0.3, o=x["v"])[3]
+    assert (meta["S_PREC"], meta["SMALL_PREC"], meta["K_PREC"]) == ("tf32x3",) * 3
+
+
+def test_fold_mma_is_the_default_for_fp32_high_copies():
+    from replayssm.triton import gdn as TK
+    for mode, lo, want in (("replay", None, True), ("dual", "bfloat16", False)):
+        rs, _ = make_pair(TALL, 4, 6, 4, mode, "float32", lo, torch.bfloat16, gen(3))
+        x = step_inputs(TALL, 3, torch.bfloat16, gen(4))
+        plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"],
+                               config={"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16})
+        assert bool(plans[1][3].get("FOLD_MMA")) is want, mode
 
 
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
@@ -218,6 +245,29 @@ def test_replay_matches_reference(case):
         assert (o[idx < 0] == 0).all()
         state_check(rs, rr, f"{name} step {step}")
     assert flushes >= 3, f"only {flushes} flush steps exercised"
+
+
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "bfloat16")], ids=["f32", "dual-bf16"])
+def test_every_step_route_mixes_with_the_buffered_route(mode, lo):
+    # the small-batch route (EVERY_STEP: flush period 1 for this step) folds whatever the
+    # buffer holds, so steps may switch routes: the reference, told the same period per step,
+    # must agree on outputs, checkpoints and cursors
+    g = gen(7)
+    K = 4
+    rs, rr = make_pair(TALL, 4, 6, K, mode, "float32", lo, torch.bfloat16, g)
+    routes = [True, False, False, True, True, False, False, False, True]
+    for step, every in enumerate(routes):
+        idx = random_rows(4, 3, g)
+        x = step_inputs(TALL, 3, torch.bfloat16, g)
+        rr.flush_period = 1 if every else K
+        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]),
+                           config={"BLOCK_V": 16, "EVERY_STEP": every})
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+        assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step}"
+        rr.flush_period = K
+        state_check(rs, rr, f"{mode} step {step}")
+        if every:
+            assert (rs.cursor[idx[idx >= 0].long()] == 0).all()
 
 
 def test_replay_counts_bytes_like_reference():
@@ -344,17 +394,18 @@ for b in (1, 256):
     for mode, lo, sd in modes:
         for j, p in enumerate(G.plan_replay(rs(mode, lo, sd=sd), **i, state_indices=None, scale=.1, o=i["v"])):
             res[f"replay {mode} {lo or sd} b{b} launch {j}"] = p
-    if b > 1:   # opt-in flush step: the fold as one MMA per chunk
-        res["replay FOLD_MMA flush step b256"] = G.plan_replay(rs("replay"), **i, state_indices=None, scale=.1,
-                                                               o=i["v"], config={"F_FOLD_MMA": True})[-1]
+    if b > 1:   # the flush step's rank-1 fold (FOLD_MMA is the default)
+        res["replay rank-1 flush step b256"] = G.plan_replay(rs("replay"), **i, state_indices=None, scale=.1,
+                                                             o=i["v"], config={"F_FOLD_MMA": False})[-1]
     res[f"fold dual b{b}"] = G.plan_fold(rs("dual", "float8_e4m3"), torch.empty(b, dtype=torch.int32, device=M), None, 1)
     iv = x(b, 4)
     res[f"verify T4 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv, state_indices=None, scale=.1, o=iv["v"])
     for j, p in enumerate(G.plan_verify_all(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
                                             config={"PREPASS": True})):   # tuning variant: pre-pass + main
         res[f"verify prepass T4 b{b} launch {j}"] = p
-    res[f"verify trunc-split T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1,
-                                                      o=iv["v"], config={"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"})
+    res[f"verify fp32 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"])
+    res[f"verify tf32x3 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1,
+                                                 o=iv["v"], config={"S_PREC": "tf32x3", "SMALL_PREC": "tf32x3"})
     res[f"verify fma T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
                                                config={"FMA": True, "BLOCK_V": 32, "CHUNK_K": 16, "num_warps": 4})
 print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm.triton.mma import mm, mma_acc, tf32_split
+from replayssm.triton.mma import mm, mma_acc, split_precision, tf32_split
 
 from kernel_checks import CUDA, DEV, gen
 
@@ -75,3 +75,11 @@ def test_tf32_split_is_exact_and_truncates():
     assert torch.equal(hi + lo, a)                                          # exact split
     assert (hi.view(torch.int32) & 0x1FFF == 0).all()                       # hi fits tf32
     assert (lo.abs() <= a.abs() * 2.0 ** -10).all()                         # lo below hi's last bit
+
+
+def test_split_precision_takes_two_passes_only_when_b_is_exact_in_tf32():
+    f32, bf16, f16, fp8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn
+    assert split_precision(f32, bf16) == "tf32x2t" and split_precision(f32, f16) == "tf32x2t"
+    assert split_precision(f32, fp8) == "tf32x2t"
+    assert split_precision(f32, f32) == "tf32x3t" and split_precision(bf16, f32) == "tf32x3t"
+    assert split_precision(bf16, bf16) == "bf16" and split_precision(f16, bf16) == "tf32"
