@@ -253,6 +253,7 @@ BIG = {   # batch 256, Qwen3.5-122B: the wide search
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
                 rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True),
+                rcfg(4, 1), rcfg(4, 1, prefetch=True), rcfg(4, 2, prefetch=True),
                 # the small-batch route: flush at every step (eager's traffic, no buffered entries)
                 rcfg(8, 1, EVERY_STEP=True), rcfg(16, 2, EVERY_STEP=True), rcfg(16, 4, EVERY_STEP=True),
                 rcfg(32, 4, EVERY_STEP=True)],
