@@ -247,7 +247,8 @@ BIG = {   # batch 256, Qwen3.5-122B: the wide search
     "bf16": [OLD(64, 8),
              rcfg(64, 4, 2, 4, 2, 2, True), rcfg(64, 8, 2, 4, 2, 2, True), rcfg(128, 8, 1, 4, 2, 2, True),
              rcfg(32, 4, 4, 4, 2, 2, True), rcfg(128, 4, 1, 4, 2, 2, True)],
-    "eager-f32": [EAGER(32, 4), EAGER(64, 8), EAGER(16, 2), EAGER(32, 8), EAGER(16, 4)],
+    "eager-f32": [EAGER(32, 4), EAGER(64, 8), EAGER(16, 2), EAGER(32, 8), EAGER(16, 4),
+                  EAGER(8, 1), EAGER(8, 2), EAGER(16, 1), EAGER(64, 4), EAGER(128, 8)],
     "eager-bf16": [EAGER(32, 4), EAGER(64, 4), EAGER(64, 8), EAGER(128, 8), EAGER(128, 4)],
 }
 SMALL = {  # batch 1 and 32: fp32 only
