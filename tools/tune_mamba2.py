@@ -142,7 +142,8 @@ def groups_for(model: str, nano: bool) -> list[dict]:
     for b in (1, 32):
         out += [g(1, "vllm-eager", b, "float32", "none", ["vllm"]),
                 g(1, "eager", b, "float32", "none", ["default", "e16x1w4", "e32x1w8"] + EAGER_SMALL.get(b, [])),
-                g(1, "replay", b, "float32", "none", REPLAY_SMALL),
+                g(1, "replay", b, "float32", "none", REPLAY_SMALL + (["f32w8", "f32w4", "f8w1", "f32w8-np", "f64w8"]
+                                                                     if b == 1 else [])),
                 g(4, "replay-dual", b, "float32", "bfloat16", ["default", "v0", "f16w4", "f32w4", "f64w2"]),
                 g(4, "vllm-eager", b, "bfloat16", "none", ["vllm"]),
                 g(4, "eager", b, "bfloat16", "none", ["default", "e16x1w4", "e16x0w4", "e64x1w8"])]
