@@ -218,6 +218,20 @@ def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str,
     raise ValueError(f"unknown op {op!r}; allowed: mamba2, gdn")
 
 
+_READ_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1}
+
+
+def _eager_route(case, model) -> bool:
+    """Whether the Triton GDN replay step takes its eager route at this case's shape (the
+    kernel library's table decides; such steps flush every step: flush period 1 here)."""
+    if model.op != "gdn" or getattr(case, "backend", "") != "triton":
+        return False
+    from replayssm.triton.gdn import takes_eager_route   # the kernel library's table (needs triton)
+    read = case.state_dtype if case.method == "replay" else case.lo_dtype   # dual / shared-low: the low copy
+    return takes_eager_route(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len,
+                             _READ_BYTES.get(read, 4))
+
+
 def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
     """Traffic of one step of one layer for a sweep case (replaybench.scenario.Case); speculative
     methods: one round, with `accepted` (pmf over 0..T or mean) or else the case's acceptance model."""
@@ -227,7 +241,7 @@ def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
     if case.method in EAGER_METHODS:
         return eager_traffic(lb, case.batch)
     if case.method in REPLAY_METHODS:
-        return replay_traffic(lb, case.batch, case.flush_period)
+        return replay_traffic(lb, case.batch, 1 if _eager_route(case, model) else case.flush_period)
     if case.method in SPEC_METHODS:
         if accepted is None:   # the case's acceptance model (replaybench.accept)
             from .accept import DEFAULT, accept_pmf

@@ -205,14 +205,14 @@ def rcfg(br, nw, nr=1, hp=1, pf=0, dist=1, split=False, prefetch=False, **extra)
 def vname(c) -> str:
     if c.get("OLD"):
         return f"old BV{c['BLOCK_V']} w{c['num_warps']}"
+    if c.get("EAGER_ROUTE"):
+        return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}"
     if "NR" not in c:
         return f"eager BV{c['BLOCK_V']} w{c['num_warps']}"
     s = f"{'split' if c.get('SPLIT') else 'fused'} R{c['BLOCK_V']}x{c['NR']} H{c['HP']} w{c['num_warps']}"
     s += f" pf{c['PF']}/{c['PF_DIST']}" if c["PF"] else " pf0"
     if c.get("PREFETCH"):
         s += " pre"
-    if c.get("EVERY_STEP"):
-        s += " every-step"
     f = {k[2:]: v for k, v in c.items() if k.startswith("F_")}
     if f:
         s += " | B " + ",".join(f"{k}{v}" for k, v in f.items())
@@ -221,6 +221,7 @@ def vname(c) -> str:
 
 OLD = lambda bv, nw: dict(OLD=True, BLOCK_V=bv, num_warps=nw)  # noqa: E731
 EAGER = lambda bv, nw: dict(BLOCK_V=bv, num_warps=nw)  # noqa: E731
+ROUTE = lambda bv, nw: dict(BLOCK_V=bv, num_warps=nw, EAGER_ROUTE=True)  # noqa: E731  (replay's eager route)
 
 BIG = {   # batch 256, Qwen3.5-122B: the wide search
     "f32": [OLD(64, 8),
@@ -249,20 +250,22 @@ BIG = {   # batch 256, Qwen3.5-122B: the wide search
              rcfg(32, 4, 4, 4, 2, 2, True), rcfg(128, 4, 1, 4, 2, 2, True)],
     "eager-f32": [EAGER(32, 4), EAGER(64, 8), EAGER(16, 2), EAGER(32, 8), EAGER(16, 4),
                   EAGER(8, 1), EAGER(8, 2), EAGER(16, 1), EAGER(64, 4), EAGER(128, 8)],
-    "eager-bf16": [EAGER(32, 4), EAGER(64, 4), EAGER(64, 8), EAGER(128, 8), EAGER(128, 4)],
+    # bf16: ours 86-89 % of copy vs vLLM's 93-97 % at b256-512 (h200-kernels-20261130-s5); fp32's
+    # winner was the smallest tile, 16 rows x 1 warp
+    "eager-bf16": [EAGER(32, 4), EAGER(64, 4), EAGER(64, 8), EAGER(128, 8), EAGER(128, 4),
+                   EAGER(16, 1), EAGER(32, 1), EAGER(32, 2), EAGER(16, 2), EAGER(64, 2)],
 }
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
                 rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True),
                 rcfg(4, 1), rcfg(4, 1, prefetch=True), rcfg(4, 2, prefetch=True),
-                # the small-batch route: flush at every step (eager's traffic, no buffered entries)
-                rcfg(8, 1, EVERY_STEP=True), rcfg(16, 2, EVERY_STEP=True), rcfg(16, 4, EVERY_STEP=True),
-                rcfg(32, 4, EVERY_STEP=True)],
+                # the eager route: a flush at every step in an eager-shaped kernel (eager's traffic)
+                ROUTE(4, 1), ROUTE(8, 1), ROUTE(16, 2), ROUTE(16, 4)],
         "eager-f32": [EAGER(8, 1), EAGER(16, 2), EAGER(16, 4), EAGER(4, 1)]},
     32: {"f32": [OLD(32, 4), rcfg(32, 4), rcfg(32, 4, prefetch=True), rcfg(16, 4, prefetch=True),
                  rcfg(32, 4, 2, 2, 2, 1, prefetch=True), rcfg(16, 4, 2, 2, 2, 1, prefetch=True),
                  rcfg(32, 4, 4, 4, 2, 2, True), rcfg(32, 4, 2, 2, 2, 2, True, True), rcfg(64, 8, 2, 4, 2, 2, True),
-                 rcfg(16, 2, EVERY_STEP=True), rcfg(32, 4, EVERY_STEP=True), rcfg(32, 4, 2, 2, EVERY_STEP=True)],
+                 ROUTE(8, 2), ROUTE(16, 1), ROUTE(32, 4)],
          "eager-f32": [EAGER(16, 2), EAGER(32, 4), EAGER(16, 4), EAGER(8, 2)]},
 }
 
@@ -463,7 +466,8 @@ def clone_rs(rs):
 def check_replay(model, mode, batch, cfg, base, steps=3) -> str:
     """'' if the variant matches the reference over `steps` steps (outputs, checkpoints, cursors), else why."""
     rs, rr = clone_rs(base), clone_rs(base)
-    if cfg.get("EVERY_STEP"):   # the small-batch route flushes at every step: so must the reference
+    route = bool(cfg.get("EAGER_ROUTE"))
+    if route:   # the eager route flushes at every step: so must the reference
         rr.flush_period = 1
     idx = torch.arange(batch, dtype=torch.int32, device=DEV)
     worst = 0.0
@@ -488,7 +492,7 @@ def check_replay(model, mode, batch, cfg, base, steps=3) -> str:
         e_lo = rel(rs.lo.read(every, torch.float32), rr.lo.read(every, torch.float32))
         if e_lo > 7e-2:
             return f"low copy rel err {e_lo:.3g}"
-    e_u = rel(rs.u, rr.u)
+    e_u = 0.0 if route else rel(rs.u, rr.u)    # (the eager route appends nothing)
     if e_u > 1e-2:
         return f"buffer u rel err {e_u:.3g}"
     del rs, rr

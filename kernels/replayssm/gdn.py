@@ -61,8 +61,9 @@ def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=
     check_backend(backend)
     if backend == "reference":
         return into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))
-    if rs.counter is not None:
-        _count_replay(rs, q, k, v, g, beta, state_indices)
+    if rs.counter is not None:   # the eager route flushes at every step
+        period = 1 if _kernels().state_takes_eager_route(rs, k, v, config) else rs.flush_period
+        _count_replay(rs, q, k, v, g, beta, state_indices, period)
     return _kernels().replay_step(rs, q, k, v, g, beta, state_indices, scale, out, config)
 
 
@@ -115,13 +116,14 @@ def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, ba
     _kernels().commit(rs, accepted, state_indices, config)
 
 
-def _count_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices) -> None:
-    """Same byte accounting as reference.gdn_replay_step (host sync: not for graph capture)."""
+def _count_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, period: int) -> None:
+    """Same byte accounting as reference.gdn_replay_step with flush period `period` (host sync:
+    not for graph capture)."""
     rows, slots = _live(state_indices, v.shape[0], v.device)
     if len(rows) == 0:
         return
     n = rs.cursor[slots].long()
-    f = n + 1 >= rs.flush_period
+    f = n + 1 >= period
     nf, nflush = int((~f).sum()), int(f.sum())
     rb = rs.buffer_row_bytes()
     rs.count(ckpt_read=nf * rs.read_ckpt.bytes_per_slot() + nflush * rs.hi.bytes_per_slot(),

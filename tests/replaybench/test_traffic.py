@@ -112,3 +112,30 @@ def test_eager_model_matches_byte_accounting(family):
         R.gdn_eager_step(st, **gdn_step_inputs(sh, 3, gen=gen), counter=cnt)
         lb = T.gdn_layer_bytes(2, 4, 16, 8)
     assert cnt.total() == pytest.approx(T.eager_traffic(lb, 3).total_bytes)
+
+
+def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
+    # a replay step that the kernel table sends down the eager route moves eager's bytes: the
+    # model follows the table (here a row that routes batches <= 4), and only for triton GDN
+    from replayssm.triton import gdn as G
+    from replaybench.models import get_model
+    from replaybench.scenario import Case
+    model = get_model("qwen3.5-122b-a10b")
+    route = (4, 8, 1, {"EAGER_ROUTE": True})
+    for key in ("replay", "replay:2"):    # fp32 read copies; 16-bit ones (dual bf16)
+        monkeypatch.setitem(G.CONFIGS, key, [route] + G.CONFIGS[key])
+
+    def case(method, batch, backend="triton", lo="none"):
+        return Case("c", "kernel", model.name, "gdn", method, backend, batch, 16, 16, 0, "float32", lo)
+
+    lb = T.layer_bytes_for("gdn", model.ssm, "replay", "float32", "none")
+    assert T.step_traffic(case("replay", 1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 1).total_bytes)
+    assert T.step_traffic(case("replay", 1, "reference"), model).total_bytes == pytest.approx(
+        T.replay_traffic(lb, 1, 16).total_bytes)
+    assert T.step_traffic(case("replay", 256), model).total_bytes == pytest.approx(
+        T.replay_traffic(lb, 256, 16).total_bytes)
+    dual = T.layer_bytes_for("gdn", model.ssm, "replay-dual", "float32", "bfloat16")
+    assert T.step_traffic(case("replay-dual", 1, lo="bfloat16"), model).total_bytes == pytest.approx(
+        T.replay_traffic(dual, 1, 1).total_bytes)
+    monkeypatch.setitem(G.CONFIGS, "replay", G.CONFIGS["replay"][1:])       # as shipped: no route
+    assert T.step_traffic(case("replay", 1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)

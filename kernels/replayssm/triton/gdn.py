@@ -199,19 +199,82 @@ def _gdn_eager_kernel(
         tile = row_off[:, None] * DK + cols[None, :]
         mask2 = rmask[:, None] & cmask[None, :]
         S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        kn = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0).to(tl.float32)
-        kn = kn * tl.rsqrt(tl.sum(kn * kn, 0) + EPS)
-        qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
-        qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
-        vv = tl.load(v_ptr + b * svb + h * svh + rows, mask=rmask, other=0.0).to(tl.float32)
-        alpha = tl.exp(tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32))
-        bt = tl.load(beta_ptr + b * sbb + h * sbh).to(tl.float32)
-        sk = tl.sum(S * kn[None, :], 1)
-        sq = tl.sum(S * qn[None, :], 1)
-        u = bt * (vv - alpha * sk)
-        S = alpha * S + u[:, None] * kn[None, :]
+        S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
+                           sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
         tl.store(s_ptr + tile, cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask2, eviction_policy="evict_first")
-        o = alpha * sq + u * tl.sum(kn * qn, 0)
+        tl.store(o_ptrs, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
+
+
+@triton.jit
+def _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
+                sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS: tl.constexpr):
+    """One eager step of the fp32 tile S [BLOCK_V, BLOCK_K] (rows `rows` of value head h, batch
+    row b): returns (S', o [BLOCK_V]) with sk = S k, sq = S q (one pass), u = beta (v - alpha sk),
+    S' = alpha S + u k^T, o = S' q = alpha sq + u (k . q)."""
+    kn = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0).to(tl.float32)
+    kn = kn * tl.rsqrt(tl.sum(kn * kn, 0) + EPS)
+    qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
+    qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
+    vv = tl.load(v_ptr + b * svb + h * svh + rows, mask=rmask, other=0.0).to(tl.float32)
+    alpha = tl.exp(tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32))
+    bt = tl.load(beta_ptr + b * sbb + h * sbh).to(tl.float32)
+    sk = tl.sum(S * kn[None, :], 1)
+    sq = tl.sum(S * qn[None, :], 1)
+    u = bt * (vv - alpha * sk)
+    return alpha * S + u[:, None] * kn[None, :], alpha * sq + u * tl.sum(kn * qn, 0)
+
+
+@triton.jit
+def _gdn_replay_eager_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr,
+    hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
+    sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
+    scale, nprog,
+    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+):
+    """The replay step's eager route (EAGER_ROUTE, a small-batch route): a flush at every step,
+    with eager's traffic and latency. One [BLOCK_V, dk] tile of the HIGH checkpoint per program.
+
+    n = cursor, read with a plain load beside the state's. n > 0 (entries a buffered-route step
+    left): fold them first, as a flush does (_fold; dual: u recomputed against the high state),
+    then count the program in with a ticket (cursor high bits); the last program resets the
+    cursor to 0. Every program has read n before that (it reads before its own ticket), so all
+    agree on n. Then the eager step on the tile, written to the high copy (dual: and the low
+    copy refreshed), o = S' q. Nothing is appended and, in the steady state (n = 0), no atomic
+    and no cursor write happen: the state stays consistent for steps of either route."""
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    kh = h // (HV // HK)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < DV
+    cols = tl.arange(0, BLOCK_K)
+    cmask = cols < DK
+    o_ptrs = o_ptr + b * sob + h * soh + rows
+    slot = tl.load(idx_ptr + b)
+    if slot < 0:
+        tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
+    else:
+        slot64 = slot.to(tl.int64)
+        row_off = (slot64 * HV + h) * DV + rows
+        tile = row_off[:, None] * DK + cols[None, :]
+        mask2 = rmask[:, None] & cmask[None, :]
+        S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+        n = tl.load(cur_ptr + slot64) & _CUR_MASK
+        if n > 0:
+            S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+                      HV, HK, DK, DV, L, DUAL, EPS)
+            old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
+            if (old >> 16) == nprog - 1:
+                tl.atomic_xchg(cur_ptr + slot64, 0, sem="relaxed")
+        S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
+                           sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
+        if DUAL:
+            _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
         tl.store(o_ptrs, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
 
 
@@ -1189,17 +1252,14 @@ def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
 
 def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
     """Launch plan(s) of one replay step: [replay] (fused flush, ticket cursor) or, when the
-    config says SPLIT, [output-only replay, flush step]. EVERY_STEP (a small-batch route): the
-    fused kernel with flush period 1, so every step folds what the buffer holds (nothing, once
-    the route has run a step) and writes the checkpoint: eager's traffic and latency, the
-    replay state kept consistent (cursor 0) for steps that take another route."""
+    config says SPLIT, [output-only replay, flush step]; or, when it says EAGER_ROUTE, [the
+    eager route] (_gdn_replay_eager_kernel: a flush at every step, for small batches)."""
     batch, Hv, dv = v.shape
     Hk, dk = k.shape[1], k.shape[2]
     L = rs.capacity
     cfg = pick_config("replay", batch, dv, dk, L, config, state_bytes=rs.read_ckpt.data.element_size())
-    every = bool(cfg.get("EVERY_STEP", False))
-    if every:   # flush at every step: one fused launch; only the n pending entries are read
-        cfg.update(SPLIT=False, PREFETCH=False)
+    if cfg.get("EAGER_ROUTE"):
+        return [_plan_replay_eager(rs, q, k, v, g, beta, state_indices, scale, o, cfg)]
     rm = replay_meta(cfg, L, dv, Hv // Hk, rs.flush_period)
     split = bool(cfg.get("SPLIT", False))
     nrs = triton.cdiv(dv, rm["BLOCK_R"] * rm["NR"])
@@ -1211,7 +1271,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     idx = _rows_index(state_indices, batch, v.device)
     nxt = _nxt(rs, batch, v.device) if split else rs.cursor
     args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt,
-            *_strides(q, k, v, g, beta, o, dims=2), scale, 1 if every else rs.flush_period, nprog]
+            *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     rd = rs.read_ckpt.data
     kind = {torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3}.get(rd.dtype, 0)
     pk = 4 // rd.element_size() if kind and cfg.get("PACK", True) else 1
@@ -1243,6 +1303,37 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                          FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
         plans.append((_gdn_flush_step_kernel, fgrid, fargs, fmeta))
     return plans
+
+
+def takes_eager_route(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
+                      config: dict | None = None) -> bool:
+    """True when a replay step of this shape runs the eager route (a CONFIGS "replay" row or
+    `config` with EAGER_ROUTE), i.e. flushes at every step. For traffic models: such a step
+    moves eager's bytes (flush period 1). read_bytes: bytes per element of the copy the step
+    reads (the low copy in dual mode)."""
+    cfg = pick_config("replay", batch, dv, dk, buffer_len, config, state_bytes=read_bytes)
+    return bool(cfg.get("EAGER_ROUTE"))
+
+
+def state_takes_eager_route(rs: GDNReplayState, k, v, config=None) -> bool:
+    """takes_eager_route for a step of `rs` with inputs k [b, Hk, dk], v [b, Hv, dv]."""
+    return takes_eager_route(v.shape[0], v.shape[2], k.shape[2], rs.capacity, rs.read_ckpt.data.element_size(),
+                             config)
+
+
+def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, cfg: dict):
+    """Plan of the eager route: one [BLOCK_V, dk] tile of the high checkpoint per program,
+    grid (cdiv(dv, BLOCK_V), Hv, batch)."""
+    batch, Hv, dv = v.shape
+    Hk, dk = k.shape[1], k.shape[2]
+    grid = (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch)
+    _check_rs(rs, grid[0] * Hv)
+    ck, ck_meta = _hi_lo_args(rs)
+    buf, dual = _buffer_args(rs)
+    args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), *ck, *buf, rs.cursor,
+            *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv]
+    return _gdn_replay_eager_kernel, grid, args, _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity,
+                                                              DUAL=dual, **ck_meta)
 
 
 def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):

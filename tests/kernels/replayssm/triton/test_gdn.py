@@ -247,27 +247,54 @@ def test_replay_matches_reference(case):
     assert flushes >= 3, f"only {flushes} flush steps exercised"
 
 
-@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "bfloat16")], ids=["f32", "dual-bf16"])
-def test_every_step_route_mixes_with_the_buffered_route(mode, lo):
-    # the small-batch route (EVERY_STEP: flush period 1 for this step) folds whatever the
-    # buffer holds, so steps may switch routes: the reference, told the same period per step,
-    # must agree on outputs, checkpoints and cursors
+@pytest.mark.parametrize("mode,lo,sd", [("replay", None, "float32"), ("dual", "bfloat16", "float32"),
+                                         ("dual", "float8_e4m3", "float32"), ("replay", None, "bfloat16"),
+                                         ("shared-low", "float8_e4m3", "float32")],
+                         ids=["f32", "dual-bf16", "dual-fp8", "bf16-state", "shared-fp8"])
+def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd):
+    # the small-batch route (EAGER_ROUTE: a flush at every step, no append) folds whatever the
+    # buffer holds first, so steps may switch routes: the reference, told a flush period of 1
+    # for those steps, must agree on outputs, checkpoints and cursors (its buffer rows past the
+    # cursor differ: it appends before it flushes; the kernel route does not append)
     g = gen(7)
     K = 4
-    rs, rr = make_pair(TALL, 4, 6, K, mode, "float32", lo, torch.bfloat16, g)
-    routes = [True, False, False, True, True, False, False, False, True]
-    for step, every in enumerate(routes):
-        idx = random_rows(4, 3, g)
+    rs, rr = make_pair(TALL, 4, 6, K, mode, sd, lo, torch.bfloat16, g)
+    routes = [True, False, False, True, True, False, False, False, True, True]
+    flushed_pending = 0
+    for step, eager in enumerate(routes):
+        idx = random_rows(4, 3, g, pad_p=0.2)
+        live = idx[idx >= 0].long()
         x = step_inputs(TALL, 3, torch.bfloat16, g)
-        rr.flush_period = 1 if every else K
+        if eager:
+            flushed_pending += int((rr.cursor[live] > 0).sum())
+        rr.flush_period = 1 if eager else K
         o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]),
-                           config={"BLOCK_V": 16, "EVERY_STEP": every})
+                           config={"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": eager})
         o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
-        assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step}"
         rr.flush_period = K
-        state_check(rs, rr, f"{mode} step {step}")
-        if every:
-            assert (rs.cursor[idx[idx >= 0].long()] == 0).all()
+        assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step}: {rel_err(o, o_ref):.3g}"
+        assert (o[idx < 0] == 0).all()
+        assert torch.equal(rs.cursor, rr.cursor), f"{mode} step {step}: cursors"
+        ckpt_check(rs.hi, rr.hi, f"{mode} step {step}: hi")
+        if rs.lo is not None:
+            ckpt_check(rs.lo, rr.lo, f"{mode} step {step}: lo")
+        if eager:
+            assert (rs.cursor[live] == 0).all()
+        for name in ("u", "k", "g", "v", "beta"):   # the buffers as the reference has them
+            if getattr(rs, name) is not None:
+                getattr(rs, name).copy_(getattr(rr, name))
+        resync(rs, rr)
+    assert flushed_pending >= 3, f"only {flushed_pending} rows had entries to fold on the eager route"
+
+
+def test_eager_route_plan():
+    from replayssm.triton import gdn as TK
+    rs, _ = make_pair(TALL, 4, 6, 4, "replay", "float32", None, torch.bfloat16, gen(3))
+    x = step_inputs(TALL, 3, torch.bfloat16, gen(4))
+    plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config={"EAGER_ROUTE": True})
+    assert [p[0] for p in plans] == [TK._gdn_replay_eager_kernel]
+    assert TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": True})
+    assert not TK.state_takes_eager_route(rs, x["k"], x["v"])      # not in the shipped table (yet)
 
 
 def test_replay_counts_bytes_like_reference():
@@ -281,6 +308,19 @@ def test_replay_counts_bytes_like_reference():
         R.gdn_replay_step(rr, **x, state_indices=idx)
     GD.flush(rs)
     R.gdn_flush(rr)
+    assert rs.counter == rr.counter
+
+
+def test_eager_route_counts_bytes_like_a_flush_every_step():
+    g = gen(4)
+    rs, rr = make_pair(TINY, 3, 4, 3, "dual", "float32", "bfloat16", torch.float32, g)
+    rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    rr.flush_period = 1
+    for _ in range(3):
+        idx = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
+        x = step_inputs(TINY, 3, torch.float32, g)
+        GD.replay_step(rs, **x, state_indices=idx, config={"EAGER_ROUTE": True})
+        R.gdn_replay_step(rr, **x, state_indices=idx)
     assert rs.counter == rr.counter
 
 
@@ -394,6 +434,11 @@ for b in (1, 256):
     for mode, lo, sd in modes:
         for j, p in enumerate(G.plan_replay(rs(mode, lo, sd=sd), **i, state_indices=None, scale=.1, o=i["v"])):
             res[f"replay {mode} {lo or sd} b{b} launch {j}"] = p
+    if b == 1:  # the small-batch eager route (opt-in until measured)
+        for mode, lo in (("replay", None), ("dual", "bfloat16")):
+            res[f"replay eager-route {mode} b1"] = G.plan_replay(rs(mode, lo), **i, state_indices=None, scale=.1,
+                                                                 o=i["v"], config={"EAGER_ROUTE": True, "BLOCK_V": 8,
+                                                                                   "num_warps": 1})[0]
     if b > 1:   # the flush step's rank-1 fold (FOLD_MMA is the default)
         res["replay rank-1 flush step b256"] = G.plan_replay(rs("replay"), **i, state_indices=None, scale=.1,
                                                              o=i["v"], config={"F_FOLD_MMA": False})[-1]
