@@ -222,14 +222,16 @@ _READ_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1}
 
 
 def _eager_route(case, model) -> bool:
-    """Whether the Triton GDN replay step takes its eager route at this case's shape (the
-    kernel library's table decides; such steps flush every step: flush period 1 here)."""
-    if model.op != "gdn" or getattr(case, "backend", "") != "triton":
+    """Whether the Triton replay step takes its eager route at this case's shape (the kernel
+    library's tables decide; such steps flush every step: flush period 1 here)."""
+    if getattr(case, "backend", "") != "triton":
         return False
-    from replayssm.triton.gdn import takes_eager_route   # the kernel library's table (needs triton)
-    read = case.state_dtype if case.method == "replay" else case.lo_dtype   # dual / shared-low: the low copy
-    return takes_eager_route(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len,
-                             _READ_BYTES.get(read, 4))
+    read = _READ_BYTES.get(case.state_dtype if case.method == "replay" else case.lo_dtype, 4)  # dual: low copy
+    if model.op == "gdn":
+        from replayssm.triton.gdn import takes_eager_route   # the kernel library's table (needs triton)
+        return takes_eager_route(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read)
+    from replayssm.triton.mamba2 import takes_eager_route
+    return takes_eager_route(model.ssm.head_dim, read, case.batch, model.ssm.nheads)
 
 
 def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:

@@ -20,8 +20,9 @@ the best variant per case follows.
 
 Variant names. "default": the shipped tables (REPLAY_CONFIGS / CONFIG_TABLE). Replay step:
 v0 = the first version (16-row programs, 4 warps, state tile loaded after the buffered B
-tile, separate cursor-pass launch); otherwise [split-]f{rows}w{warps}[-np][-nt][-late][-ev]
-[-r{maxnreg}][-fr{fold rows}]: fused (default) or split route, rows per program, warps;
+tile, separate cursor-pass launch); otherwise [split-|eager-]f{rows}w{warps}[-np][-nt][-late]
+[-ev][-r{maxnreg}][-fr{fold rows}]: fused (default), split or eager route (the small-batch
+route: a flush at every step, eager's traffic), rows per program, warps;
 -np buffer tiles loaded in the branch that uses them (not right after the cursor); -nt cursor
 pass instead of the ticket; -late also the state load after the buffered B tile (the first
 version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows per fold chunk
@@ -65,10 +66,11 @@ def replay_variant(name: str) -> dict:
     if name == "v0":
         return dict(block_p=16, chunks=1, warps=4, route="fused", early=False, preload=False, ticket=False,
                     fold_rows=16, evict="", maxnreg=None)
-    m = re.fullmatch(r"(split-)?f(\d+)w(\d+)((?:-[a-z]+\d*)*)", name)
+    m = re.fullmatch(r"(split-|eager-)?f(\d+)w(\d+)((?:-[a-z]+\d*)*)", name)
     if not m:
         raise ValueError(f"bad replay variant {name!r}")
-    ov = dict(block_p=int(m.group(2)), chunks=1, warps=int(m.group(3)), route="split" if m.group(1) else "fused",
+    route = {"split-": "split", "eager-": "eager"}.get(m.group(1) or "", "fused")
+    ov = dict(block_p=int(m.group(2)), chunks=1, warps=int(m.group(3)), route=route,
               early=True, preload=True, ticket=True, fold_rows=16, evict="", maxnreg=None)
     for flag in filter(None, m.group(4).split("-")):
         if flag == "nt":
@@ -142,8 +144,9 @@ def groups_for(model: str, nano: bool) -> list[dict]:
     for b in (1, 32):
         out += [g(1, "vllm-eager", b, "float32", "none", ["vllm"]),
                 g(1, "eager", b, "float32", "none", ["default", "e16x1w4", "e32x1w8"] + EAGER_SMALL.get(b, [])),
-                g(1, "replay", b, "float32", "none", REPLAY_SMALL + (["f32w8", "f32w4", "f8w1", "f32w8-np", "f64w8"]
-                                                                     if b == 1 else [])),
+                g(1, "replay", b, "float32", "none", REPLAY_SMALL + (["f32w8", "f32w4", "f8w1", "f32w8-np", "f64w8",
+                                                                      "eager-f32w8", "eager-f16w4", "eager-f8w1",
+                                                                      "eager-f64w8"] if b == 1 else [])),
                 g(4, "replay-dual", b, "float32", "bfloat16", ["default", "v0", "f16w4", "f32w4", "f64w2"]),
                 g(4, "vllm-eager", b, "bfloat16", "none", ["vllm"]),
                 g(4, "eager", b, "bfloat16", "none", ["default", "e16x1w4", "e16x0w4", "e64x1w8"])]
@@ -254,6 +257,11 @@ TOL = {("float32", "none"): 5e-3, ("bfloat16", "none"): 3e-2, ("float32", "bfloa
        ("float32", "float8_e4m3"): 0.1}
 
 
+def tk_route() -> str:
+    from replayssm.triton import mamba2 as tk
+    return tk.OVERRIDE.get("replay", {}).get("route", "")
+
+
 def check(model, method, sd, lo, dev) -> str:
     """'' if the current OVERRIDE's kernels match the reference, else what differs."""
     from replaybench.runners.kernel import Layer, _inputs
@@ -261,6 +269,8 @@ def check(model, method, sd, lo, dev) -> str:
     mk = lambda backend: Layer("mamba2", dims, method, backend, b, L, K, sd, lo, dev,  # noqa: E731
                                torch.Generator().manual_seed(7))
     ours, ref = mk("triton"), mk("reference")
+    if ours.rs is not None and tk_route() == "eager":   # the eager route flushes at every step: so must the reference
+        ref.rs.flush_period = 1
     gen = torch.Generator().manual_seed(1)
     idx = torch.arange(b, dtype=torch.int32, device=dev)
     idx[-1] = -1
@@ -367,7 +377,10 @@ def run_group(g, dev, ctx, args):
             log(f"TIMING FAILED {short} {method} {sd}/{lo} {v}: {type(e).__name__}: {e}")
             continue
         us = t.median_us
-        gbps = nbytes / us / 1e3
+        nb = nbytes
+        if method.startswith("replay") and tk_route() == "eager":   # eager's traffic: a flush every step
+            nb = step_traffic(SimpleNamespace(**{**vars(case), "flush_period": 1}), model).total_bytes
+        gbps = nb / us / 1e3
         base = VLLM.get((short, batch, sd if method != "replay-dual" else "float32"))
         if method == "vllm-eager":
             VLLM[(short, batch, sd)] = us

@@ -48,13 +48,14 @@ def _count_eager(counter: ByteCounter, state, x, dt, B, C, z, state_indices) -> 
     counter.steps += 1
 
 
-def _count_replay(rs: Mamba2ReplayState, x, dt, B, C, z, state_indices) -> None:
-    """Same accounting as reference.mamba2_replay_step; call before the kernel (reads cursors)."""
+def _count_replay(rs: Mamba2ReplayState, x, dt, B, C, z, state_indices, period: int) -> None:
+    """Same accounting as reference.mamba2_replay_step with flush period `period`; call before
+    the kernel (reads cursors)."""
     rows, slots = _live_slots(state_indices, x.shape[0], x.device)
     if len(rows) == 0:
         return
     n = rs.cursor[slots].long()
-    nf = int((n + 1 >= rs.flush_period).sum())
+    nf = int((n + 1 >= period).sum())
     nn = len(rows) - nf
     rb = rs.buffer_row_bytes()
     rs.count(ckpt_read=nn * rs.read_ckpt.bytes_per_slot() + nf * rs.hi.bytes_per_slot(),
@@ -100,8 +101,10 @@ def replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state
         if not advance_cursor:
             raise ValueError("advance_cursor=False needs backend='triton'")
         return into(out, ref.mamba2_replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices))
-    if rs.counter is not None:
-        _count_replay(rs, x, dt, B, C, z, state_indices)
+    if rs.counter is not None:   # the eager route flushes at every step
+        eager = advance_cursor and _tk().takes_eager_route(x.shape[2], rs.read_ckpt.data.element_size(), x.shape[0],
+                                                           x.shape[1])
+        _count_replay(rs, x, dt, B, C, z, state_indices, 1 if eager else rs.flush_period)
     return _tk().replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, advance=advance_cursor, out=out)
 
 

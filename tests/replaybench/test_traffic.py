@@ -139,3 +139,21 @@ def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
         T.replay_traffic(dual, 1, 1).total_bytes)
     monkeypatch.setitem(G.CONFIGS, "replay", G.CONFIGS["replay"][1:])       # as shipped: no route
     assert T.step_traffic(case("replay", 1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)
+
+
+def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
+    from replayssm.triton import mamba2 as M
+    from replaybench.models import get_model
+    from replaybench.scenario import Case
+    model = get_model("nemotron-3-super-120b-a12b")
+    monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager"))
+
+    def case(batch, backend="triton"):
+        return Case("c", "kernel", model.name, "mamba2", "replay", backend, batch, 16, 16, 0, "float32", "none")
+
+    lb = T.layer_bytes_for("mamba2", model.ssm, "replay", "float32", "none")
+    assert T.step_traffic(case(1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 1).total_bytes)
+    assert T.step_traffic(case(1, "reference"), model).total_bytes == pytest.approx(
+        T.replay_traffic(lb, 1, 16).total_bytes)
+    monkeypatch.setitem(M.OVERRIDE, "replay", {})       # the shipped table: no eager route
+    assert T.step_traffic(case(1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)

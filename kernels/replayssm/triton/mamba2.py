@@ -95,7 +95,9 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 #            every sequence + _replay_flush_kernel, whose programs return at once unless their
 #            sequence flushes (two launches; measured slower everywhere: its mostly empty grid
 #            still costs a wave of programs per SM, and without a low copy a flushing
-#            sequence's checkpoint is read by both launches).
+#            sequence's checkpoint is read by both launches). "eager": a flush at every step
+#            (_replay_eager_kernel: eager's traffic on the high checkpoint, pending entries
+#            folded first; for small batches; only when the step advances its cursor).
 #   early    issue the read-checkpoint tile load before the cursor (its address does not depend
 #            on it), so the state streams while the cursor and buffer tiles are fetched.
 #            False: the first version's order (state loaded after the buffered B tile).
@@ -199,8 +201,8 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int) -> dict:
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])
     rows = min(_np2(v["block_p"] * chunks), _np2(P))
-    if v["route"] not in ("fused", "split"):
-        raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split")
+    if v["route"] not in ("fused", "split", "eager"):
+        raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split, eager")
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "maxnreg": v["maxnreg"]}
@@ -605,6 +607,73 @@ def _replay_flush_kernel(
                       y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, mask_p, HAS_Z, EXACT)
 
 
+@triton.jit
+def _replay_eager_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    P, N, HPG, NPROG,
+    s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
+    s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+    s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr,
+    LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr,
+    EVICT: tl.constexpr,
+):
+    """The replay step's eager route (route "eager", a small-batch route): a flush at every
+    step with eager's traffic, on BLOCK_P rows of the HIGH checkpoint of head h of batch row b.
+
+    n = cursor, a plain load beside the state's. n > 0 (entries a buffered-route step left):
+    fold entries 0..n-1 first (as a flush), then take a ticket (cursor high bits); the
+    program drawing NPROG - 1 resets the cursor to 0 (every program read n before its own
+    ticket, so all agree on n). Then the eager step with the new entry as the buffer would
+    store it (x, B, dt rounded to the buffer dtypes, as the reference's flush folds it):
+    S' = exp(dt A) S + dt x B^T, written to the high copy (dual: the low copy too), and
+    y = S' C (+ D x, * silu z). Nothing is appended; in the steady state (n = 0) there is no
+    atomic and no cursor write, so steps may switch routes."""
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    g = h // HPG
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    in_p = offs_p < P
+    mask_p = in_p & live
+    offs_n = tl.arange(0, BLOCK_N)
+    in_n = offs_n < N
+    mask_n = in_n & live
+    mask = mask_p[:, None] & mask_n[None, :]
+    ck_base = slot * s_ck_s + h * s_ck_h
+    sc_base = slot * s_sc_s + h * s_sc_h
+    S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE, EVICT)
+    n = tl.load(cur_ptr + slot, mask=live, other=0) & 65535
+    A = tl.load(A_ptr + h).to(tl.float32)
+    Dh = tl.load(D_ptr + h).to(tl.float32)
+    dt_n = softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
+    dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as the buffer would store it
+    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    Bn = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    Bn = cast(Bn, bB_ptr.dtype.element_ty, EXACT).to(tl.float32)
+    x_in = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+    x_buf = cast(x_in, bx_ptr.dtype.element_ty, EXACT).to(tl.float32)
+    if n > 0:
+        offs_l = tl.arange(0, BLOCK_L)
+        mask_l = offs_l < n
+        dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
+        w, total = _buffer_weights(dt_i * A, dt_i, mask_l, 0.0)
+        Bb = _load_buffer_B(bB_ptr, slot * s_bB_s + g * s_bB_g, s_bB_l, offs_l, offs_n, mask_l, in_n)
+        Xb = tl.load(bx_ptr + slot * s_bx_s + h * s_bx_h + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                     mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+        S = total * S + _outer_sum(Xb * w[:, None], Bb, USE_DOT, DOT_PREC, EXACT)
+        t = tl.atomic_add(cur_ptr + slot, 65536, mask=live, sem="relaxed")
+        tl.atomic_xchg(cur_ptr + slot, 0, mask=live & ((t >> 16) == NPROG - 1), sem="relaxed")
+    S = tl.exp(dt_n * A) * S + (dt_n * x_buf)[:, None] * Bn[None, :]
+    _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p, S,
+                 HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
+    _finish_y(tl.sum(S * Cv[None, :], axis=1), x_in, Dh, z_ptr + b * s_z_b + h * s_z_h, y_ptr + b * s_y_b + h * s_y_h,
+              offs_p, mask_p, in_p, HAS_Z, EXACT)
+
+
 # ----------------------------------------------------------------------------- fold (flush / commit)
 @triton.jit
 def _fold_kernel(
@@ -951,6 +1020,8 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     _check_ckpts(rs.hi, rs.lo)
     rd = rs.read_ckpt
     v = replay_variant(P, _state_bytes(rd), bsz, H)
+    if v["route"] == "eager" and advance:
+        return [_plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v)], y
     block_p, warps, fused = v["block_p"], v["warps"], v["route"] == "fused"
     if _fold_precision(rs) != "bf16x3" and "warps" not in OVERRIDE.get("replay", {}):
         warps = max(warps, 2)   # fp32 buffers: the tf32x3 fold's operands spill at 1 warp (untuned path)
@@ -992,6 +1063,38 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     if advance and not ticket:
         launches += plan_cursor(rs, state_indices, bsz, 0)
     return launches, y
+
+
+def takes_eager_route(P: int, read_bytes: int, batch: int, nheads: int) -> bool:
+    """True when a replay step of this shape (advancing its cursor) runs the eager route, i.e.
+    flushes at every step: for traffic models, a step with flush period 1. read_bytes: bytes
+    per element of the copy the output path reads (the low copy in dual mode)."""
+    return replay_variant(P, read_bytes, batch, nheads)["route"] == "eager"
+
+
+def _plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: dict):
+    """Launch of the eager route (_replay_eager_kernel), grid (cdiv(P, block_p), H, b)."""
+    bsz, H, P = x.shape
+    N, G = B.shape[-1], B.shape[1]
+    grid = (triton.cdiv(P, v["block_p"]), H, bsz)
+    nprog = grid[0] * H
+    if nprog >= 1 << 15:
+        raise ValueError(f"the eager route's ticket needs < 32768 programs per sequence ({nprog})")
+    hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
+    lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
+    block_n = _np2(N)
+    block_l, use_dot = _block_l(min(rs.flush_period, rs.capacity), v["block_p"], block_n)
+    zz = z if z is not None else x
+    idx = state_indices if state_indices is not None else x
+    return _record(_replay_eager_kernel, grid)(
+        x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt, hi_d, hi_s, lo_d, lo_s,
+        P, N, H // G, nprog,
+        x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
+        *_buffer_strides(rs), *_ckpt_strides(rs),
+        BLOCK_P=v["block_p"], BLOCK_N=block_n, BLOCK_L=block_l, HAS_Z=z is not None,
+        HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
+        USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), EVICT=v["evict"], num_warps=v["warps"])
 
 
 def replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, advance=True, out=None):

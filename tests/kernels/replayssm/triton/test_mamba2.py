@@ -18,7 +18,7 @@ import torch
 from replayssm import inputs as I
 from replayssm import mamba2 as M
 from replayssm import reference as R
-from replayssm.state import Mamba2ReplayState, dtype_of
+from replayssm.state import ByteCounter, Mamba2ReplayState, dtype_of
 
 from kernel_checks import CUDA, DEV, TOL_F32, gen, out_tol, poisoned, rel_err
 
@@ -318,6 +318,47 @@ def test_replay_fold_chunks(device, route, monkeypatch):
     assert run_steps(rs, rr, shape, idx, 5, torch.bfloat16, g, what=f"fold chunks {route}") >= 2
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode,sd,lo,act", [("replay", "float32", None, torch.float32),
+                                            ("replay", "float32", None, torch.bfloat16),
+                                            ("dual", "float32", "bfloat16", torch.float32),
+                                            ("dual", "float32", "float8_e4m3", torch.bfloat16),
+                                            ("shared-low", "float32", "bfloat16", torch.float32)],
+                         ids=["f32", "f32-bf16-act", "dual-bf16", "dual-fp8", "shared-bf16"])
+def test_eager_route_mixes_with_the_buffered_route(device, mode, sd, lo, act, monkeypatch):
+    """The small-batch route (route "eager": a flush at every step, pending entries folded
+    first, nothing appended) alternating with the buffered route step by step: the reference,
+    told a flush period of 1 on the eager steps, agrees on outputs, checkpoints and cursors."""
+    from replayssm.triton import mamba2 as tk
+    shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
+    g = gen(47)
+    K = 4
+    rs, rr = make_pair(shape, 7, 6, K, mode, sd, lo, act, g)
+    rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    p = params(shape, g)
+    idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
+    live = idx[idx >= 0].long()
+    pending = 0
+    for step, eager in enumerate([True, False, False, True, True, False, False, False, True]):
+        monkeypatch.setitem(tk.OVERRIDE, "replay", dict(route="eager", block_p=4, warps=1) if eager else {})
+        inp = step_inputs(shape, 4, act, g)
+        if eager:
+            pending += int((rr.cursor[live] > 0).sum())
+        rr.flush_period = 1 if eager else K
+        y = M.replay_step(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
+        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx)
+        rr.flush_period = K
+        assert rel_err(y, yr) <= out_tol(act), f"{mode} step {step}: {rel_err(y, yr):.3g}"
+        assert (y[idx < 0] == 0).all()
+        state_check(rs, rr, f"{mode} step {step}")
+        if eager:
+            assert (rs.cursor[live] == 0).all()
+            assert tk.takes_eager_route(shape.head_dim, rs.read_ckpt.data.element_size(), 4, shape.nheads)
+        resync(rs, rr)
+    assert rs.counter == rr.counter
+    assert pending >= 3, f"only {pending} rows had entries to fold on the eager route"
+
+
 # ----------------------------------------------------------------------------- flush, verify, commit
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "float8_e4m3")])
@@ -549,6 +590,12 @@ plans["super replay dual bf16"] = tk.plan_replay_step(rs2("dual", "bfloat16"), *
                                                       state_indices=idx)[0]
 plans["super eager bf16"] = tk.plan_eager_step(torch.zeros(b, 128, 64, 128, dtype=torch.bfloat16, device=dev),
                                                **inp(torch.bfloat16), **p, state_indices=idx)[0]
+tk.OVERRIDE["replay"] = dict(route="eager", block_p=32, warps=4)     # the small-batch eager route (opt-in)
+plans["super replay eager route fp32"] = tk.plan_replay_step(rs2("replay"), **inp(torch.bfloat16), **p,
+                                                             state_indices=idx)[0]
+plans["super replay eager route dual bf16"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16),
+                                                                  **p, state_indices=idx)[0]
+tk.OVERRIDE.clear()
 out = {}
 for name, launches in plans.items():
     for launch in launches:
