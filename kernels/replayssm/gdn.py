@@ -57,7 +57,9 @@ def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, scale=
 
 def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, *,
                 backend: str = "triton", out=None, config=None):
-    """One ReplaySSM step (output-only route; fused flush where cursor + 1 >= K). Returns o [b, Hv, dv]."""
+    """One ReplaySSM step (output-only route; fused flush where cursor + 1 >= K; or, where the
+    kernel table says so (small batches), the eager route: a flush at every step). Returns
+    o [b, Hv, dv]."""
     check_backend(backend)
     if backend == "reference":
         return into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))

@@ -138,7 +138,8 @@ def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     assert T.step_traffic(case("replay-dual", 1, lo="bfloat16"), model).total_bytes == pytest.approx(
         T.replay_traffic(dual, 1, 1).total_bytes)
     monkeypatch.setitem(G.CONFIGS, "replay", G.CONFIGS["replay"][1:])       # as shipped: no route
-    assert T.step_traffic(case("replay", 1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)
+    assert T.step_traffic(case("replay", 1), model).total_bytes == pytest.approx(
+        T.replay_traffic(lb, 1, 16).total_bytes)
 
 
 def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):

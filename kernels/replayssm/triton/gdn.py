@@ -84,7 +84,7 @@ MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
 # drafts' raw keys/queries, and the small T- and L-sized products). "split" (default): the
 # truncation splits of mma.split_precision ("tf32x2t" for fp32 x bf16 keys, "tf32x3t" for
-# fp32 x fp32; ~2^-20 per product), 16 % faster than Triton's "tf32x3" at Qwen3.5-122B b256
+# fp32 x fp32; ~2^-20 per product), 15 % faster than Triton's "tf32x3" at Qwen3.5-122B b256
 # T4 on the H200 (tools/tune_spec.py, docs/kernels.md); or any single precision for all of
 # them ("tf32x3" ~2^-22, "bf16x3" ~2^-16, "ieee" exact, FMA).
 VERIFY_F32_PRECISION = "split"
@@ -682,13 +682,14 @@ def _gdn_flush_step_kernel(
     The cursor of every live row is written once (worker block (0, 0)): 0 after a flush, else
     n + 1. Nothing is read that a program of this launch writes. Programs with nothing to
     fold exit after one load.
-    FOLD_MMA (the default for non-dual high copies of 32 bits; 20 % faster step on the H200): a worker visits only
-    its own ranks (w, w + NW, ... < the number of flushing rows; one reduction each, not up to
-    three for each of NT rank slots), and the non-dual fold is one matrix product per chunk,
-    F = (U * w) Kb with U [rows, L] the stored u, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb
-    [L, dk] the raw keys (FOLD_PREC, default "tf32x3" ~2^-22: the truncation split "tf32x2t"
-    spills at 32 rows x 4 warps on sm_90; bf16 keys are exact in tf32),
-    instead of L rank-1 updates that each reduce their key's norm across the program.
+    FOLD_MMA (the default for non-dual high copies of 32 bits; the step 20 % faster on the
+    H200, docs/kernels.md session 5): a worker visits only its own ranks (w, w + NW, ... <
+    the number of flushing rows; one reduction each, not up to three for each of NT rank
+    slots), and the non-dual fold is one matrix product per chunk, F = (U * w) Kb with U
+    [rows, L] the stored u, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb [L, dk] the raw keys
+    (FOLD_PREC, default "tf32x3" ~2^-22: the truncation split "tf32x2t" spills at 32 rows x 4
+    warps on sm_90; bf16 keys are exact in tf32), instead of L rank-1 updates that each reduce
+    their key's norm across the program.
     """
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
