@@ -27,10 +27,10 @@ import traceback
 
 T0 = time.time()
 BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
-# TUNE_MODES: comma list of the batch-256 Qwen3.5-122B modes to search (of eager-f32, eager-bf16,
-# f32, dual-fp8, dual-bf16, bf16, and b1 / b32: fp32 eager vs replay at that batch, both Qwen3.5
-# dims; default all, then batch 1/32 and Qwen3.5-4B); when given, only
-# those modes run (a focused probe that fits a short device call)
+# TUNE_MODES: comma list of what to search, for a focused probe that fits a short device call:
+# batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16) and b1 / b32
+# (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything, then batch 1/32 and
+# Qwen3.5-4B around this run's winners.
 FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isdir(os.path.join(ROOT, ".vllm-stub")):

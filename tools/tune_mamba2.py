@@ -122,7 +122,8 @@ EAGER_F32 = ["default", "e16x1w4", "e32x1w8", "e64x1w8", "e32x1w4"]
 EAGER_BF16 = ["default", "e16x0w4", "e64x1w8", "e32x1w2", "e64x1w4", "e32x1w8"]
 
 
-# fp32 eager at batch 1, where vLLM's kernel is 8 % faster at Super dims (paper run): fewer rows and warps
+# fp32 eager at batch 1, where vLLM's kernel was 8 % faster at Super dims (h200-paper-20261130); the
+# winner among these and the defaults, 32 rows x 8 warps, is now the table's small-batch entry
 EAGER_SMALL = {1: ["e8x1w1", "e8x1w2", "e16x1w1", "e16x1w2", "e4x1w1", "e32x1w4", "e64x1w4"]}
 
 
