@@ -218,15 +218,12 @@ def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str,
     raise ValueError(f"unknown op {op!r}; allowed: mamba2, gdn")
 
 
-_READ_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1}
-
-
 def _eager_route(case, model) -> bool:
     """Whether the Triton replay step takes its eager route at this case's shape (the kernel
     library's tables decide; such steps flush every step: flush period 1 here)."""
     if getattr(case, "backend", "") != "triton":
         return False
-    read = _READ_BYTES.get(case.state_dtype if case.method == "replay" else case.lo_dtype, 4)  # dual: low copy
+    read = DTYPE_BYTES[case.state_dtype if case.method == "replay" else case.lo_dtype]  # dual: the low copy
     if model.op == "gdn":
         from replayssm.triton.gdn import takes_eager_route   # the kernel library's table (needs triton)
         return takes_eager_route(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read)
