@@ -120,6 +120,8 @@ REPLAY_LOW = ["default", "v0", "f16w1", "f16w1-np", "f16w1-np-nt", "f32w2-nt", "
 REPLAY_SMALL = ["default", "v0", "f16w4", "f16w2", "f16w2-np", "f16w1-np", "f64w4-nt", "f16w1-np-nt"]
 EAGER_F32 = ["default", "e16x1w4", "e32x1w8", "e64x1w8", "e32x1w4"]
 EAGER_BF16 = ["default", "e16x0w4", "e64x1w8", "e32x1w2", "e64x1w4", "e32x1w8"]
+# bf16 eager at batch 256-512 for Super / Ultra (0.94-0.95x vLLM): more rows per program, evict-first
+EAGER_BF16_LARGE = ["e128x1w8", "e64x1w8-ev", "e32x1w4", "e64x0w8", "e128x1w4"]
 
 
 # fp32 eager at batch 1, where vLLM's kernel was 8 % faster at Super dims (h200-paper-20261130); the
@@ -151,6 +153,9 @@ def groups_for(model: str, nano: bool) -> list[dict]:
                 g(4, "replay-dual", b, "float32", "bfloat16", ["default", "v0", "f16w4", "f32w4", "f64w2"]),
                 g(4, "vllm-eager", b, "bfloat16", "none", ["vllm"]),
                 g(4, "eager", b, "bfloat16", "none", ["default", "e16x1w4", "e16x0w4", "e64x1w8"])]
+    # bf16 eager at batch 512, where ours was 0.94x vLLM's (Super, h200-kernels-20261130-s5)
+    out += [g(6, "vllm-eager", 512, "bfloat16", "none", ["vllm"]),
+            g(6, "eager", 512, "bfloat16", "none", EAGER_BF16 + EAGER_BF16_LARGE)]
     return out
 
 
@@ -160,7 +165,11 @@ def ultra_groups() -> list[dict]:
                                               variants=variants)
     return [g("vllm-eager", "float32", "none", ["vllm"]), g("eager", "float32", "none", ["default"]),
             g("replay", "float32", "none", ["default", "v0", "f64w4", "f64w4-nt", "f64w2-nt"]),
-            g("replay-dual", "float32", "bfloat16", ["default", "v0", "f64w4", "f64w2"])]
+            g("replay-dual", "float32", "bfloat16", ["default", "v0", "f64w4", "f64w2"]),
+            g("vllm-eager", "bfloat16", "none", ["vllm"]),
+            g("eager", "bfloat16", "none", EAGER_BF16 + EAGER_BF16_LARGE)] + [
+        dict(prio=6, model=m, method=meth, batch=512, sd="bfloat16", lo="none", variants=v)
+        for meth, v in (("vllm-eager", ["vllm"]), ("eager", EAGER_BF16 + EAGER_BF16_LARGE))]
 
 
 # ----------------------------------------------------------------------------- helpers
