@@ -28,9 +28,9 @@ import traceback
 T0 = time.time()
 BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
 # TUNE_MODES: comma list of what to search, for a focused probe that fits a short device call:
-# batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16) and b1 / b32
-# (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything, then batch 1/32 and
-# Qwen3.5-4B around this run's winners.
+# batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16) and b1 / b4 /
+# b8 / b32 (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything, then batch
+# 1/32 and Qwen3.5-4B around this run's winners.
 FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isdir(os.path.join(ROOT, ".vllm-stub")):
@@ -253,7 +253,8 @@ BIG = {   # batch 256, Qwen3.5-122B: the wide search
     # bf16: ours 86-89 % of copy vs vLLM's 93-97 % at b256-512 (h200-kernels-20261130-s5); fp32's
     # winner was the smallest tile, 16 rows x 1 warp
     "eager-bf16": [EAGER(32, 4), EAGER(64, 4), EAGER(64, 8), EAGER(128, 8), EAGER(128, 4),
-                   EAGER(16, 1), EAGER(32, 1), EAGER(32, 2), EAGER(16, 2), EAGER(64, 2)],
+                   EAGER(16, 1), EAGER(32, 1), EAGER(32, 2), EAGER(16, 2), EAGER(64, 2), EAGER(8, 1), EAGER(8, 2),
+                   EAGER(4, 1)],
 }
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
@@ -268,6 +269,12 @@ SMALL = {  # batch 1 and 32: fp32 only
                  ROUTE(8, 2), ROUTE(16, 1), ROUTE(32, 4)],
          "eager-f32": [EAGER(16, 2), EAGER(32, 4), EAGER(16, 4), EAGER(8, 2)]},
 }
+# batch 4 and 8: where the eager route stops paying (the shipped rows first: fused 8 x 1 warp
+# at batch <= 4, split 32 x 4 warps above)
+for _b in (4, 8):
+    SMALL[_b] = {"f32": [rcfg(8, 1, prefetch=True), rcfg(32, 4, 2, 2, 2, 2, True, True), ROUTE(4, 1), ROUTE(8, 1),
+                         ROUTE(8, 2), ROUTE(16, 1)],
+                 "eager-f32": [EAGER(4, 1), EAGER(8, 2), EAGER(8, 1)]}
 
 
 # ----------------------------------------------------------------------------- states, plans
@@ -331,11 +338,13 @@ def job_list():
             if not FOCUS or mode in FOCUS:
                 jobs.append(("q122b", mode, 256, c))
     if FOCUS:
-        for b in (1, 32):
+        for b in SMALL:
             if f"b{b}" in FOCUS:
                 jobs += [(m, mode, b, c) for m in ("q122b", "q4b") for mode, cfgs in SMALL[b].items() for c in cfgs]
         return jobs
     for b, d in SMALL.items():
+        if b not in (1, 32):
+            continue
         for mode, cfgs in d.items():
             for c in cfgs:
                 jobs.append(("q122b", mode, b, c))
@@ -344,6 +353,8 @@ def job_list():
         for c in cfgs[:4]:
             jobs.append(("q4b", mode, 256, c))
     for b, d in SMALL.items():
+        if b not in (1, 32):
+            continue
         for mode, cfgs in d.items():
             for c in cfgs[:4]:
                 jobs.append(("q4b", mode, b, c))
@@ -650,13 +661,14 @@ def main():
           flush=True)
     winners = {}
     if FOCUS:
-        bad = sorted(set(FOCUS) - set(BIG) - {"b1", "b32"})
+        small = {f"b{b}" for b in SMALL}
+        bad = sorted(set(FOCUS) - set(BIG) - small)
         if bad:
-            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}, b1, b32")
+            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}, {', '.join(sorted(small))}")
         if set(FOCUS) & set(BIG):
             run_vllm("q122b", "float32", 256)
         for mode in FOCUS:
-            if mode in ("b1", "b32"):   # fp32 eager vs replay at a small batch, both Qwen3.5 dims
+            if mode in small:   # fp32 eager vs replay at a small batch, both Qwen3.5 dims
                 b = int(mode[1:])
                 for model in ("q122b", "q4b"):
                     run_eager(model, "float32", b, SMALL[b]["eager-f32"])

@@ -63,7 +63,8 @@ CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager, batch > 64: 16 rows x 1 warp (Qwen3.5-122B b256: 539 us vs 549 for 32 x 4 warps,
     # vLLM's kernel 532, same run)
     "eager":    [(4, 4, 1), (64, 8, 2), (None, 16, 1)],
-    "eager:2":  [(4, 4, 1), (64, 8, 2), (None, 64, 4)],
+    # bf16 eager, batch > 64: 16 rows x 1 warp too (Qwen3.5-122B b256: 294 us vs 333 for 64 x 4 warps)
+    "eager:2":  [(4, 4, 1), (64, 8, 2), (None, 16, 1)],
     "replay":   [(4, 8, 1, {"PREFETCH": True}),
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
@@ -211,6 +212,16 @@ def _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, 
     """One eager step of the fp32 tile S [BLOCK_V, BLOCK_K] (rows `rows` of value head h, batch
     row b): returns (S', o [BLOCK_V]) with sk = S k, sq = S q (one pass), u = beta (v - alpha sk),
     S' = alpha S + u k^T, o = S' q = alpha sq + u (k . q)."""
+    kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
+                                          sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+    return _eager_update(S, kn, qn, vv, alpha, bt)
+
+
+@triton.jit
+def _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
+                  sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS: tl.constexpr):
+    """The step's inputs for one tile: normalised k [BLOCK_K], q [BLOCK_K] (times scale),
+    v [BLOCK_V], alpha = exp(g) and beta (scalars), all fp32."""
     kn = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0).to(tl.float32)
     kn = kn * tl.rsqrt(tl.sum(kn * kn, 0) + EPS)
     qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -218,6 +229,12 @@ def _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, 
     vv = tl.load(v_ptr + b * svb + h * svh + rows, mask=rmask, other=0.0).to(tl.float32)
     alpha = tl.exp(tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32))
     bt = tl.load(beta_ptr + b * sbb + h * sbh).to(tl.float32)
+    return kn, qn, vv, alpha, bt
+
+
+@triton.jit
+def _eager_update(S, kn, qn, vv, alpha, bt):
+    """(S', o) of one eager step of the tile S from its inputs (see _eager_tile)."""
     sk = tl.sum(S * kn[None, :], 1)
     sq = tl.sum(S * qn[None, :], 1)
     u = bt * (vv - alpha * sk)
@@ -264,14 +281,16 @@ def _gdn_replay_eager_kernel(
         mask2 = rmask[:, None] & cmask[None, :]
         S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
         n = tl.load(cur_ptr + slot64) & _CUR_MASK
+        # the step's inputs are fetched before the branch on n, so they stream with the tile
+        kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
+                                              cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
         if n > 0:
             S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
                       HV, HK, DK, DV, L, DUAL, EPS)
             old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
             if (old >> 16) == nprog - 1:
                 tl.atomic_xchg(cur_ptr + slot64, 0, sem="relaxed")
-        S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
-                           sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+        S, o = _eager_update(S, kn, qn, vv, alpha, bt)
         _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
         if DUAL:
             _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
