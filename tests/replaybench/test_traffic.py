@@ -116,14 +116,13 @@ def test_eager_model_matches_byte_accounting(family):
 
 def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     # a replay step that the kernel table sends down the eager route moves eager's bytes: the
-    # model follows the table (here a row that routes batches <= 4), and only for triton GDN
+    # model follows the table (shipped: fp32 reads at batch <= 8; here also a row that routes
+    # 16-bit reads at batch <= 4), and only for triton GDN
     from replayssm.triton import gdn as G
     from replaybench.models import get_model
     from replaybench.scenario import Case
     model = get_model("qwen3.5-122b-a10b")
-    route = (4, 8, 1, {"EAGER_ROUTE": True})
-    for key in ("replay", "replay:2"):    # fp32 read copies; 16-bit ones (dual bf16)
-        monkeypatch.setitem(G.CONFIGS, key, [route] + G.CONFIGS[key])
+    monkeypatch.setitem(G.CONFIGS, "replay:2", [(4, 8, 1, {"EAGER_ROUTE": True})] + G.CONFIGS["replay:2"])
 
     def case(method, batch, backend="triton", lo="none"):
         return Case("c", "kernel", model.name, "gdn", method, backend, batch, 16, 16, 0, "float32", lo)
@@ -137,7 +136,10 @@ def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     dual = T.layer_bytes_for("gdn", model.ssm, "replay-dual", "float32", "bfloat16")
     assert T.step_traffic(case("replay-dual", 1, lo="bfloat16"), model).total_bytes == pytest.approx(
         T.replay_traffic(dual, 1, 1).total_bytes)
-    monkeypatch.setitem(G.CONFIGS, "replay", G.CONFIGS["replay"][1:])       # as shipped: no route
+    assert T.step_traffic(case("replay", 8), model).total_bytes == pytest.approx(T.replay_traffic(lb, 8, 1).total_bytes)
+    assert T.step_traffic(case("replay", 32), model).total_bytes == pytest.approx(
+        T.replay_traffic(lb, 32, 16).total_bytes)
+    monkeypatch.setattr(G, "SMALL_BATCH_ROUTE", False)       # routing off: every step buffers
     assert T.step_traffic(case("replay", 1), model).total_bytes == pytest.approx(
         T.replay_traffic(lb, 1, 16).total_bytes)
 
@@ -147,7 +149,6 @@ def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     from replaybench.models import get_model
     from replaybench.scenario import Case
     model = get_model("nemotron-3-super-120b-a12b")
-    monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager"))
 
     def case(batch, backend="triton"):
         return Case("c", "kernel", model.name, "mamba2", "replay", backend, batch, 16, 16, 0, "float32", "none")
@@ -156,5 +157,9 @@ def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     assert T.step_traffic(case(1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 1).total_bytes)
     assert T.step_traffic(case(1, "reference"), model).total_bytes == pytest.approx(
         T.replay_traffic(lb, 1, 16).total_bytes)
-    monkeypatch.setitem(M.OVERRIDE, "replay", {})       # the shipped table: no eager route
+    assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 16).total_bytes)
+    monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager"))      # an override routes any batch
+    assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 1).total_bytes)
+    monkeypatch.setitem(M.OVERRIDE, "replay", {})
+    monkeypatch.setattr(M, "SMALL_BATCH_ROUTE", False)       # routing off: every step buffers
     assert T.step_traffic(case(1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)

@@ -63,9 +63,14 @@ CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager, batch > 64: 16 rows x 1 warp (Qwen3.5-122B b256: 539 us vs 549 for 32 x 4 warps,
     # vLLM's kernel 532, same run)
     "eager":    [(4, 4, 1), (64, 8, 2), (None, 16, 1)],
-    # bf16 eager, batch > 64: 16 rows x 1 warp too (Qwen3.5-122B b256: 294 us vs 333 for 64 x 4 warps)
-    "eager:2":  [(4, 4, 1), (64, 8, 2), (None, 16, 1)],
-    "replay":   [(4, 8, 1, {"PREFETCH": True}),
+    # bf16 eager, batch > 64: 8 rows x 1 warp (Qwen3.5-122B b256: 274 us, 93 % of copy, vs 333 for
+    # 64 x 4 warps and 289 for 16 x 1)
+    "eager:2":  [(4, 4, 1), (64, 8, 2), (None, 8, 1)],
+    # fp32 replay, batch <= 8: the eager route (a flush at every step, eager's traffic; see
+    # _gdn_replay_eager_kernel). Qwen3.5-122B b1 / b4 / b8: 4.3 / 10.5 / 18.5 us vs 5.9 / 13.0 /
+    # 21.6 buffered (eager 4.0 / 10.1 / 18.1); at batch 32 the buffered split route wins (64.7 vs 67.9)
+    "replay":   [(8, 4, 1, {"EAGER_ROUTE": True}),
+                 (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
     "replay:2": [(4, 8, 1, {"PREFETCH": True}),
@@ -95,6 +100,10 @@ VERIFY_CHUNK_K = 32   # dk columns per MMA step of the verify kernel's loop over
 # docs/kernels.md)} and OVERRIDE["fold"] = {BLOCK_V, num_warps} replace the table for every
 # shape (a per-call `config` wins). Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
+# Route small batches as the table says (rows with EAGER_ROUTE). False: those rows are skipped,
+# so every replay step buffers (the buffered route's own small-batch rows serve), as tests of
+# the buffered route and studies of it at batch 1 need. A per-call `config` still wins.
+SMALL_BATCH_ROUTE = True
 
 
 def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dict | None = None,
@@ -104,6 +113,8 @@ def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dic
     when present, else "op")."""
     rows = CONFIGS.get(f"{op}:{state_bytes}", CONFIGS[op])
     for row in rows:
+        if not SMALL_BATCH_ROUTE and len(row) > 3 and row[3].get("EAGER_ROUTE"):
+            continue
         if row[0] is None or batch <= row[0]:
             break
     cfg = {"BLOCK_V": row[1], "num_warps": row[2], "BLOCK_L": min(triton.next_power_of_2(L), MAX_BLOCK_L)}

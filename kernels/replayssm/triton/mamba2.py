@@ -86,7 +86,8 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     ("verify", 1, "large"): [(64, 1, 2, 64), (32, 1, 2)],
 }
 # REPLAY_CONFIGS (the step kernel). Key: (bytes per element of the copy the output path reads,
-# bucket). Value: candidates (dicts), the first whose "p_mod" divides P is used (the last one
+# bucket: "tiny" (batch <= TINY_BATCH, where given), else "small" / "large"). Value:
+# candidates (dicts), the first whose "p_mod" divides P is used (the last one
 # always); keys not given take REPLAY_DEFAULTS. A program is one [block_p, N] tile
 # (block_p a power of 2, clamped to next_pow2(P)), loaded with one 2-D load.
 #   block_p, warps  rows per program, num_warps
@@ -111,8 +112,15 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 #            bounds the MMA operands' registers for tall programs. None/0: the whole tile.
 #   evict    cache hint on the streamed state ("" or "evict_first"; no gain measured).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
+TINY_BATCH = 8   # REPLAY_CONFIGS' "tiny" rows (where given) serve batches up to this
+# Route small batches as the table's "tiny" rows say. False: they are skipped, so every replay
+# step buffers (tests of the buffered route, studies of it at batch 1). OVERRIDE still wins.
+SMALL_BATCH_ROUTE = True
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, evict="", maxnreg=None)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
+    # batch <= TINY_BATCH (fp32): the eager route, eager's traffic and latency. Super b1 / b4 / b8:
+    # 4.48 / 10.77 / 19.08 us vs 5.18 / 11.93 / 21.20 buffered (eager 4.43 / 10.84 / 19.25)
+    (4, "tiny"): [dict(route="eager", block_p=32, warps=8)],
     (4, "small"): [dict(block_p=16, warps=2)],                          # batch 1: 5.2 us (Super, Nano)
     (4, "large"): [dict(block_p=64, warps=4, ticket=False, p_mod=64),   # Super 256: 363 us, 79 % of copy
                    dict(block_p=16, warps=1, preload=False)],           # Nano 256: 378 us, 71 %
@@ -197,7 +205,10 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int) -> dict:
     REPLAY_DEFAULTS, then OVERRIDE['replay']. Rows per program: next_pow2(block_p * chunks)
     (chunks 0 = whole head; default 1), at most next_pow2(P)."""
     v = dict(REPLAY_DEFAULTS, chunks=1)
-    v.update(_pick(REPLAY_CONFIGS[(min(read_bytes, 4), _bucket(batch, nheads))], P))
+    key = (min(read_bytes, 4), "tiny" if SMALL_BATCH_ROUTE and batch <= TINY_BATCH else _bucket(batch, nheads))
+    if key not in REPLAY_CONFIGS:
+        key = (key[0], _bucket(batch, nheads))
+    v.update(_pick(REPLAY_CONFIGS[key], P))
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])
     rows = min(_np2(v["block_p"] * chunks), _np2(P))

@@ -287,14 +287,46 @@ def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd):
     assert flushed_pending >= 3, f"only {flushed_pending} rows had entries to fold on the eager route"
 
 
-def test_eager_route_plan():
+@pytest.mark.shipped_routes
+def test_eager_route_plan(monkeypatch):
     from replayssm.triton import gdn as TK
     rs, _ = make_pair(TALL, 4, 6, 4, "replay", "float32", None, torch.bfloat16, gen(3))
     x = step_inputs(TALL, 3, torch.bfloat16, gen(4))
     plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config={"EAGER_ROUTE": True})
     assert [p[0] for p in plans] == [TK._gdn_replay_eager_kernel]
     assert TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": True})
-    assert not TK.state_takes_eager_route(rs, x["k"], x["v"])      # not in the shipped table (yet)
+    assert TK.state_takes_eager_route(rs, x["k"], x["v"])          # fp32, batch 3: the shipped table routes it
+    assert not TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": False})
+    assert not TK.takes_eager_route(32, 128, 128, 16, 4)           # batch 32: buffered
+    assert not TK.takes_eager_route(1, 128, 128, 16, 2)            # 16-bit read copies: buffered
+    monkeypatch.setattr(TK, "SMALL_BATCH_ROUTE", False)
+    assert not TK.state_takes_eager_route(rs, x["k"], x["v"])
+    assert TK.pick_config("replay", 3, 40, 24, 6) == TK.pick_config("replay", 3, 40, 24, 6, {"PREFETCH": True})
+    assert TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": True})   # a per-call config still wins
+
+
+@pytest.mark.shipped_routes
+@pytest.mark.parametrize("batch", [1, 5])
+def test_small_batches_flush_every_step_by_default(batch):
+    # the shipped table at small batch: outputs as the buffered reference's; checkpoints,
+    # cursors and bytes as the reference's with flush period 1 (entries pending from the
+    # buffered route at the start are folded first)
+    g = gen(11 + batch)
+    K = 4
+    rs, rr = make_pair(TALL, batch + 1, 6, K, "replay", "float32", None, torch.bfloat16, g)
+    rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    rr.flush_period = 1
+    for step in range(6):
+        idx = random_rows(batch + 1, batch, g, pad_p=0.2)
+        x = step_inputs(TALL, batch, torch.bfloat16, g)
+        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]))
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+        assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"step {step}: {rel_err(o, o_ref):.3g}"
+        assert torch.equal(rs.cursor, rr.cursor), f"step {step}: cursors"
+        ckpt_check(rs.hi, rr.hi, f"step {step}: hi")
+        assert (rs.cursor[idx[idx >= 0].long()] == 0).all()
+        resync(rs, rr)
+    assert rs.counter == rr.counter
 
 
 def test_replay_counts_bytes_like_reference():

@@ -359,6 +359,39 @@ def test_eager_route_mixes_with_the_buffered_route(device, mode, sd, lo, act, mo
     assert pending >= 3, f"only {pending} rows had entries to fold on the eager route"
 
 
+@pytest.mark.shipped_routes
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
+    """The shipped table at small batch (fp32): the eager route, i.e. outputs as the buffered
+    reference's and checkpoints, cursors and bytes as the reference's with flush period 1
+    (entries pending at the start are folded first). With SMALL_BATCH_ROUTE off: buffered."""
+    from replayssm.triton import mamba2 as tk
+    shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
+    assert tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
+    assert not tk.takes_eager_route(shape.head_dim, 4, tk.TINY_BATCH + 1, shape.nheads)
+    assert not tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads)     # dual bf16 reads: buffered
+    g = gen(53 + batch)
+    K = 4
+    rs, rr = make_pair(shape, 7, 6, K, "replay", "float32", None, torch.bfloat16, g)
+    rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    p = params(shape, g)
+    idx = torch.tensor(IDX4[:batch] if batch < 4 else IDX4, dtype=torch.int32, device=device)
+    live = idx[idx >= 0].long()
+    rr.flush_period = 1
+    for step in range(5):
+        inp = step_inputs(shape, batch, torch.bfloat16, g)
+        y = M.replay_step(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
+        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx)
+        assert rel_err(y, yr) <= out_tol(torch.bfloat16), f"step {step}: {rel_err(y, yr):.3g}"
+        state_check(rs, rr, f"step {step}")
+        assert (rs.cursor[live] == 0).all()
+        resync(rs, rr)
+    assert rs.counter == rr.counter
+    monkeypatch.setattr(tk, "SMALL_BATCH_ROUTE", False)
+    assert not tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
+
+
 # ----------------------------------------------------------------------------- flush, verify, commit
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "float8_e4m3")])
