@@ -66,10 +66,11 @@ CONFIGS: dict[str, list[tuple]] = {
     # bf16 eager, batch > 64: 8 rows x 1 warp (Qwen3.5-122B b256: 274 us, 93 % of copy, vs 333 for
     # 64 x 4 warps and 289 for 16 x 1)
     "eager:2":  [(4, 4, 1), (64, 8, 2), (None, 8, 1)],
-    # fp32 replay, batch <= 8: the eager route (a flush at every step, eager's traffic; see
+    # fp32 replay, batch <= 16: the eager route (a flush at every step, eager's traffic; see
     # _gdn_replay_eager_kernel). Qwen3.5-122B b1 / b4 / b8: 4.3 / 10.5 / 18.5 us vs 5.9 / 13.0 /
-    # 21.6 buffered (eager 4.0 / 10.1 / 18.1); at batch 32 the buffered split route wins (64.7 vs 67.9)
-    "replay":   [(8, 4, 1, {"EAGER_ROUTE": True}),
+    # 21.6 buffered (eager 4.0 / 10.1 / 18.1); at b16 buffered ran 0.83x (Qwen3.5-4B) and 0.96x
+    # eager (h200-small-batch-20261130); at batch 32 the buffered split route wins (64.7 vs 67.9)
+    "replay":   [(16, 4, 1, {"EAGER_ROUTE": True}),
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],

@@ -86,7 +86,7 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     ("verify", 1, "large"): [(64, 1, 2, 64), (32, 1, 2)],
 }
 # REPLAY_CONFIGS (the step kernel). Key: (bytes per element of the copy the output path reads,
-# bucket: "tiny" (batch <= TINY_BATCH, where given), else "small" / "large"). Value:
+# bucket: "small" / "large", or "route": the small bucket's rows while SMALL_BATCH_ROUTE). Value:
 # candidates (dicts), the first whose "p_mod" divides P is used (the last one
 # always); keys not given take REPLAY_DEFAULTS. A program is one [block_p, N] tile
 # (block_p a power of 2, clamped to next_pow2(P)), loaded with one 2-D load.
@@ -112,15 +112,16 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 #            bounds the MMA operands' registers for tall programs. None/0: the whole tile.
 #   evict    cache hint on the streamed state ("" or "evict_first"; no gain measured).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
-TINY_BATCH = 8   # REPLAY_CONFIGS' "tiny" rows (where given) serve batches up to this
-# Route small batches as the table's "tiny" rows say. False: they are skipped, so every replay
-# step buffers (tests of the buffered route, studies of it at batch 1). OVERRIDE still wins.
+# Route "small"-bucket batches as the table's "route" rows say (where given). False: those rows
+# are skipped, so every replay step buffers (tests of the buffered route, studies of it at
+# batch 1). OVERRIDE still wins.
 SMALL_BATCH_ROUTE = True
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, evict="", maxnreg=None)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
-    # batch <= TINY_BATCH (fp32): the eager route, eager's traffic and latency. Super b1 / b4 / b8:
-    # 4.48 / 10.77 / 19.08 us vs 5.18 / 11.93 / 21.20 buffered (eager 4.43 / 10.84 / 19.25)
-    (4, "tiny"): [dict(route="eager", block_p=32, warps=8)],
+    # "small" batches with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and latency.
+    # Super b1 / b4 / b8: 4.48 / 10.77 / 19.08 us vs 5.18 / 11.93 / 21.20 buffered (eager 4.43 /
+    # 10.84 / 19.25); above the bucket (Super b16: 1.18x eager buffered) the buffered route wins
+    (4, "route"): [dict(route="eager", block_p=32, warps=8)],
     (4, "small"): [dict(block_p=16, warps=2)],                          # batch 1: 5.2 us (Super, Nano)
     (4, "large"): [dict(block_p=64, warps=4, ticket=False, p_mod=64),   # Super 256: 363 us, 79 % of copy
                    dict(block_p=16, warps=1, preload=False)],           # Nano 256: 378 us, 71 %
@@ -205,9 +206,9 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int) -> dict:
     REPLAY_DEFAULTS, then OVERRIDE['replay']. Rows per program: next_pow2(block_p * chunks)
     (chunks 0 = whole head; default 1), at most next_pow2(P)."""
     v = dict(REPLAY_DEFAULTS, chunks=1)
-    key = (min(read_bytes, 4), "tiny" if SMALL_BATCH_ROUTE and batch <= TINY_BATCH else _bucket(batch, nheads))
-    if key not in REPLAY_CONFIGS:
-        key = (key[0], _bucket(batch, nheads))
+    key = (min(read_bytes, 4), _bucket(batch, nheads))
+    if SMALL_BATCH_ROUTE and key[1] == "small" and (key[0], "route") in REPLAY_CONFIGS:
+        key = (key[0], "route")
     v.update(_pick(REPLAY_CONFIGS[key], P))
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])

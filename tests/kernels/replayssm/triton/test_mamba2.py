@@ -369,7 +369,7 @@ def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
     from replayssm.triton import mamba2 as tk
     shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
     assert tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
-    assert not tk.takes_eager_route(shape.head_dim, 4, tk.TINY_BATCH + 1, shape.nheads)
+    assert not tk.takes_eager_route(shape.head_dim, 4, tk.SMALL_PROGRAMS // shape.nheads, shape.nheads)   # large
     assert not tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads)     # dual bf16 reads: buffered
     g = gen(53 + batch)
     K = 4
