@@ -116,13 +116,12 @@ def test_eager_model_matches_byte_accounting(family):
 
 def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     # a replay step that the kernel table sends down the eager route moves eager's bytes: the
-    # model follows the table (shipped: fp32 reads at batch <= 8; here also a row that routes
-    # 16-bit reads at batch <= 4), and only for triton GDN
+    # model follows the table (shipped: fp32 and 16-bit reads at batch <= 16), and only for
+    # triton GDN
     from replayssm.triton import gdn as G
     from replaybench.models import get_model
     from replaybench.scenario import Case
     model = get_model("qwen3.5-122b-a10b")
-    monkeypatch.setitem(G.CONFIGS, "replay:2", [(4, 8, 1, {"EAGER_ROUTE": True})] + G.CONFIGS["replay:2"])
 
     def case(method, batch, backend="triton", lo="none"):
         return Case("c", "kernel", model.name, "gdn", method, backend, batch, 16, 16, 0, "float32", lo)

@@ -74,7 +74,10 @@ CONFIGS: dict[str, list[tuple]] = {
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
-    "replay:2": [(4, 8, 1, {"PREFETCH": True}),
+    # 16-bit read copies (bf16 state; dual fp32 + bf16), batch <= 16: the eager route too (buffered:
+    # bf16 state 0.50x eager at b1, dual 0.69x; h200-kernels-20261130-s6, h200-small-batch-20261130b)
+    "replay:2": [(16, 4, 1, {"EAGER_ROUTE": True}),
+                 (4, 8, 1, {"PREFETCH": True}),
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 128, 4, _BIG_READ)],
     "replay:1": [(4, 8, 1, {"PREFETCH": True}),

@@ -122,6 +122,9 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # Super b1 / b4 / b8: 4.48 / 10.77 / 19.08 us vs 5.18 / 11.93 / 21.20 buffered (eager 4.43 /
     # 10.84 / 19.25); above the bucket (Super b16: 1.18x eager buffered) the buffered route wins
     (4, "route"): [dict(route="eager", block_p=32, warps=8)],
+    # 16-bit read copies (bf16 state: buffered 0.73x eager at b1; dual bf16: route 5.01 / 4.85 us vs
+    # 4.92 / 4.87 buffered at b1, Super / Nano): 8 rows x 1 warp, the dual route's best tile
+    (2, "route"): [dict(route="eager", block_p=8, warps=1)],
     (4, "small"): [dict(block_p=16, warps=2)],                          # batch 1: 5.2 us (Super, Nano)
     (4, "large"): [dict(block_p=64, warps=4, ticket=False, p_mod=64),   # Super 256: 363 us, 79 % of copy
                    dict(block_p=16, warps=1, preload=False)],           # Nano 256: 378 us, 71 %

@@ -298,7 +298,8 @@ def test_eager_route_plan(monkeypatch):
     assert TK.state_takes_eager_route(rs, x["k"], x["v"])          # fp32, batch 3: the shipped table routes it
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": False})
     assert not TK.takes_eager_route(32, 128, 128, 16, 4)           # batch 32: buffered
-    assert not TK.takes_eager_route(1, 128, 128, 16, 2)            # 16-bit read copies: buffered
+    assert TK.takes_eager_route(1, 128, 128, 16, 2)                # 16-bit read copies too
+    assert not TK.takes_eager_route(1, 128, 128, 16, 1)            # 8-bit read copies: buffered
     monkeypatch.setattr(TK, "SMALL_BATCH_ROUTE", False)
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"])
     assert TK.pick_config("replay", 3, 40, 24, 6) == TK.pick_config("replay", 3, 40, 24, 6, {"PREFETCH": True})

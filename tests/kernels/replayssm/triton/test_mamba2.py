@@ -370,7 +370,8 @@ def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
     shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
     assert tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
     assert not tk.takes_eager_route(shape.head_dim, 4, tk.SMALL_PROGRAMS // shape.nheads, shape.nheads)   # large
-    assert not tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads)     # dual bf16 reads: buffered
+    assert tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads)         # bf16 reads too
+    assert not tk.takes_eager_route(shape.head_dim, 1, batch, shape.nheads)     # fp8 reads: buffered
     g = gen(53 + batch)
     K = 4
     rs, rr = make_pair(shape, 7, 6, K, "replay", "float32", None, torch.bfloat16, g)
