@@ -371,6 +371,25 @@ def _gdn_fold(rs: GDNReplayState, slots, cd, end):
     return _gdn_fold_stored(S, U, Kn, G, end)
 
 
+def gdn_rederive_u(rs: GDNReplayState) -> None:
+    """Dual mode: rewrite every slot's stored u rows 0..L-1 as appends on the high checkpoint
+    would have stored them, u_i = beta_i (v_i - alpha_i S_{i-1} k_i) with S stepped eagerly from
+    the checkpoint (up to the low copy's rounding, which real appends see). For states whose
+    buffers were filled at random (benchmarks, checks): there the stored u (read by buffered
+    steps) and the v, beta a dual flush recomputes u from would otherwise disagree."""
+    if rs.mode != "dual":
+        raise ValueError(f"gdn_rederive_u: mode {rs.mode!r} stores no v / beta to derive u from; allowed: dual")
+    slots = torch.arange(rs.cursor.shape[0], device=rs.cursor.device)
+    cd = compute_dtype(rs.hi.data, rs.v)
+    _, Kn, G = _gdn_buffer(rs, slots, cd)
+    S, V, Beta = rs.hi.read(slots, cd), rs.v[slots].to(cd), rs.beta[slots].to(cd)
+    for i in range(rs.capacity):
+        alpha = torch.exp(G[:, i])[..., None]                                          # [b, Hv, 1]
+        u = Beta[:, i, :, None] * (V[:, i] - alpha * torch.einsum("bhvk,bhk->bhv", S, Kn[:, i]))
+        rs.u[slots, i] = u.to(rs.u.dtype)
+        S = alpha[..., None] * S + u[..., None] * Kn[:, i, :, None, :]
+
+
 def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None):
     """One ReplaySSM GDN decode step (fused flush when the cursor reaches K).
 

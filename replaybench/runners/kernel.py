@@ -86,6 +86,8 @@ class Layer:
                 self.rs.g.copy_(torch.log(0.9 + 0.1 * uni(self.rs.g)))
                 if self.rs.beta is not None:
                     self.rs.beta.copy_(0.05 + 0.9 * uni(self.rs.beta))
+                if mode == "dual":   # stored u as appends would have made them (a flush recomputes them)
+                    R.gdn_rederive_u(self.rs)
             else:
                 self.rs.dt.copy_(0.01 + 0.2 * uni(self.rs.dt))
             self.rs.cursor.copy_((torch.arange(batch, device=device) % self.K).to(torch.int32))

@@ -209,3 +209,41 @@ def test_modes_validate_dtypes():
         Mamba2ReplayState.allocate(2, 2, 2, 2, 1, 4, 4, mode="dual", state_dtype="bfloat16", lo_dtype="float16")
     with pytest.raises(ValueError, match="mode"):
         Mamba2ReplayState.allocate(2, 2, 2, 2, 1, 4, 4, mode="triple")
+
+
+def test_gdn_rederive_u_makes_random_buffers_agree_with_a_flush():
+    """A dual state with random buffers and pending entries: after gdn_rederive_u, a buffered
+    step's output (stored u) equals that of a step that flushes first (u recomputed from v,
+    beta against the high checkpoint), at fp64 with a checkpoint exact in the bf16 low copy
+    (so both paths see the same state); before, they disagree."""
+    gen = torch.Generator().manual_seed(5)
+    sh = GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=6, head_v_dim=5)
+    slots, L, K = 3, 6, 6
+    outs = {}
+    for fix in (False, True):
+        g = torch.Generator().manual_seed(9)
+        rs = GDNReplayState.allocate(slots, 1, 2, 6, 5, L, K, mode="dual", state_dtype="float64",
+                                     lo_dtype="bfloat16", act_dtype=torch.float64)
+        init = random_state(slots, 2, 5, 6, dtype=F64, gen=g).to(torch.bfloat16).to(F64)
+        rs.hi.write(torch.arange(slots), init)
+        rs.lo.write(torch.arange(slots), init)
+        for buf in rs.buffers():
+            buf.copy_(torch.randn(buf.shape, generator=g, dtype=buf.dtype) * 0.3)
+        rs.g.copy_(torch.log(0.9 + 0.1 * torch.rand(rs.g.shape, generator=g, dtype=F64)))
+        rs.beta.copy_(0.1 + 0.8 * torch.rand(rs.beta.shape, generator=g, dtype=F64))
+        rs.cursor.copy_(torch.tensor([0, 2, 4], dtype=torch.int32))
+        if fix:
+            R.gdn_rederive_u(rs)
+        flushed = GDNReplayState.allocate(slots, 1, 2, 6, 5, L, 1, mode="dual", state_dtype="float64",
+                                          lo_dtype="bfloat16", act_dtype=torch.float64)
+        for a, b in zip(rs.buffers(), flushed.buffers()):
+            b.copy_(a)
+        flushed.hi.data.copy_(rs.hi.data)
+        flushed.lo.data.copy_(rs.lo.data)
+        flushed.cursor.copy_(rs.cursor)
+        inp = gdn_step_inputs(sh, slots, act_dtype=F64, gen=gen)
+        outs[fix] = rel(R.gdn_replay_step(rs, **inp), R.gdn_replay_step(flushed, **inp))
+    assert outs[True] < 1e-12, outs
+    assert outs[False] > 1e-3, outs
+    with pytest.raises(ValueError, match="dual"):
+        R.gdn_rederive_u(GDNReplayState.allocate(1, 1, 2, 6, 5, L, K, mode="replay"))
