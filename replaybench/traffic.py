@@ -226,9 +226,10 @@ def _eager_route(case, model) -> bool:
     read = DTYPE_BYTES[case.state_dtype if case.method == "replay" else case.lo_dtype]  # dual: the low copy
     if model.op == "gdn":
         from replayssm.triton.gdn import takes_eager_route   # the kernel library's table (needs triton)
-        return takes_eager_route(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read)
+        return takes_eager_route(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read,
+                                 dual=case.method == "replay-dual")
     from replayssm.triton.mamba2 import takes_eager_route
-    return takes_eager_route(model.ssm.head_dim, read, case.batch, model.ssm.nheads)
+    return takes_eager_route(model.ssm.head_dim, read, case.batch, model.ssm.nheads, case.method == "replay-dual")
 
 
 def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:

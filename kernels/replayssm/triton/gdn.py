@@ -74,8 +74,9 @@ CONFIGS: dict[str, list[tuple]] = {
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
-    # 16-bit read copies (bf16 state; dual fp32 + bf16), batch <= 16: the eager route too (buffered:
-    # bf16 state 0.50x eager at b1, dual 0.69x; h200-kernels-20261130-s6, h200-small-batch-20261130b)
+    # 16-bit read copies (bf16 state; dual fp32 + bf16 up to DUAL_ROUTE_BATCH), batch <= 16: the
+    # eager route too. bf16 state, routed / buffered x our bf16 eager: Qwen3.5-122B b1 0.99 / 0.51,
+    # b16 1.04 / (b32 buffered 0.77) (h200-small-batch-bf16-20261130, h200-kernels-20261130-s6)
     "replay:2": [(16, 4, 1, {"EAGER_ROUTE": True}),
                  (4, 8, 1, {"PREFETCH": True}),
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
@@ -108,16 +109,21 @@ OVERRIDE: dict[str, dict] = {}
 # so every replay step buffers (the buffered route's own small-batch rows serve), as tests of
 # the buffered route and studies of it at batch 1 need. A per-call `config` still wins.
 SMALL_BATCH_ROUTE = True
+# Dual mode writes two copies on the eager route (no byte saving), so it takes the route only
+# up to this batch (latency-bound). H200, Qwen3.5-122B dual bf16: b1 4.36 us routed vs 5.88
+# buffered; b8 22.3 vs 21.2, b16 42.4 vs 37.7 (h200-small-batch-bf16-20261130 vs -20261130b).
+DUAL_ROUTE_BATCH = 1
 
 
 def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dict | None = None,
-                state_bytes: int = 4) -> dict:
+                state_bytes: int = 4, dual: bool = False) -> dict:
     """Launch config {BLOCK_V, BLOCK_K, BLOCK_L, num_warps, ...} for `op` at this shape.
     `state_bytes`: bytes per element of the state copy the op streams (table key "op:bytes"
-    when present, else "op")."""
+    when present, else "op"); `dual`: a dual-mode state (see DUAL_ROUTE_BATCH)."""
     rows = CONFIGS.get(f"{op}:{state_bytes}", CONFIGS[op])
     for row in rows:
-        if not SMALL_BATCH_ROUTE and len(row) > 3 and row[3].get("EAGER_ROUTE"):
+        if len(row) > 3 and row[3].get("EAGER_ROUTE") and (
+                not SMALL_BATCH_ROUTE or (dual and batch > DUAL_ROUTE_BATCH)):
             continue
         if row[0] is None or batch <= row[0]:
             break
@@ -1292,7 +1298,8 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     batch, Hv, dv = v.shape
     Hk, dk = k.shape[1], k.shape[2]
     L = rs.capacity
-    cfg = pick_config("replay", batch, dv, dk, L, config, state_bytes=rs.read_ckpt.data.element_size())
+    cfg = pick_config("replay", batch, dv, dk, L, config, state_bytes=rs.read_ckpt.data.element_size(),
+                      dual=rs.mode == "dual")
     if cfg.get("EAGER_ROUTE"):
         return [_plan_replay_eager(rs, q, k, v, g, beta, state_indices, scale, o, cfg)]
     rm = replay_meta(cfg, L, dv, Hv // Hk, rs.flush_period)
@@ -1341,19 +1348,19 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
 
 
 def takes_eager_route(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
-                      config: dict | None = None) -> bool:
+                      config: dict | None = None, dual: bool = False) -> bool:
     """True when a replay step of this shape runs the eager route (a CONFIGS "replay" row or
     `config` with EAGER_ROUTE), i.e. flushes at every step. For traffic models: such a step
     moves eager's bytes (flush period 1). read_bytes: bytes per element of the copy the step
     reads (the low copy in dual mode)."""
-    cfg = pick_config("replay", batch, dv, dk, buffer_len, config, state_bytes=read_bytes)
+    cfg = pick_config("replay", batch, dv, dk, buffer_len, config, state_bytes=read_bytes, dual=dual)
     return bool(cfg.get("EAGER_ROUTE"))
 
 
 def state_takes_eager_route(rs: GDNReplayState, k, v, config=None) -> bool:
     """takes_eager_route for a step of `rs` with inputs k [b, Hk, dk], v [b, Hv, dv]."""
     return takes_eager_route(v.shape[0], v.shape[2], k.shape[2], rs.capacity, rs.read_ckpt.data.element_size(),
-                             config)
+                             config, rs.mode == "dual")
 
 
 def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, cfg: dict):

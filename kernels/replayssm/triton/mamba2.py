@@ -116,14 +116,19 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at
 # batch 1). OVERRIDE still wins.
 SMALL_BATCH_ROUTE = True
+# Dual mode writes two copies on the eager route (no byte saving) and gained no time there
+# (H200 dual bf16, routed vs buffered: b1 Super 5.00 vs 4.92 us, Nano 4.82 vs 4.88; b8 Nano 22.0
+# vs 20.1, h200-small-batch-bf16-20261130 vs -20261130b): it takes the route up to this batch.
+DUAL_ROUTE_BATCH = 0
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, evict="", maxnreg=None)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # "small" batches with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and latency.
     # Super b1 / b4 / b8: 4.48 / 10.77 / 19.08 us vs 5.18 / 11.93 / 21.20 buffered (eager 4.43 /
     # 10.84 / 19.25); above the bucket (Super b16: 1.18x eager buffered) the buffered route wins
     (4, "route"): [dict(route="eager", block_p=32, warps=8)],
-    # 16-bit read copies (bf16 state: buffered 0.73x eager at b1; dual bf16: route 5.01 / 4.85 us vs
-    # 4.92 / 4.87 buffered at b1, Super / Nano): 8 rows x 1 warp, the dual route's best tile
+    # 16-bit read copies (bf16 state; dual only up to DUAL_ROUTE_BATCH): 8 rows x 1 warp. bf16
+    # state, routed / buffered x our bf16 eager: Super b1 1.05 / 0.74, Nano b16 1.02
+    # (h200-small-batch-bf16-20261130, h200-kernels-20261130-s6)
     (2, "route"): [dict(route="eager", block_p=8, warps=1)],
     (4, "small"): [dict(block_p=16, warps=2)],                          # batch 1: 5.2 us (Super, Nano)
     (4, "large"): [dict(block_p=64, warps=4, ticket=False, p_mod=64),   # Super 256: 363 us, 79 % of copy
@@ -204,13 +209,14 @@ def launch_config(kernel: str, P: int, state_bytes: int, batch: int, nheads: int
     return block_p, chunks, warps
 
 
-def replay_variant(P: int, read_bytes: int, batch: int, nheads: int) -> dict:
+def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool = False) -> dict:
     """Launch choice of the replay step at a shape: REPLAY_CONFIGS' candidate for P, filled from
     REPLAY_DEFAULTS, then OVERRIDE['replay']. Rows per program: next_pow2(block_p * chunks)
     (chunks 0 = whole head; default 1), at most next_pow2(P)."""
     v = dict(REPLAY_DEFAULTS, chunks=1)
     key = (min(read_bytes, 4), _bucket(batch, nheads))
-    if SMALL_BATCH_ROUTE and key[1] == "small" and (key[0], "route") in REPLAY_CONFIGS:
+    if SMALL_BATCH_ROUTE and key[1] == "small" and (key[0], "route") in REPLAY_CONFIGS and (
+            not dual or batch <= DUAL_ROUTE_BATCH):
         key = (key[0], "route")
     v.update(_pick(REPLAY_CONFIGS[key], P))
     v.update(OVERRIDE.get("replay", {}))
@@ -1038,7 +1044,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         return [], y
     _check_ckpts(rs.hi, rs.lo)
     rd = rs.read_ckpt
-    v = replay_variant(P, _state_bytes(rd), bsz, H)
+    v = replay_variant(P, _state_bytes(rd), bsz, H, rs.mode == "dual")
     if v["route"] == "eager" and advance:
         return [_plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v)], y
     block_p, warps, fused = v["block_p"], v["warps"], v["route"] == "fused"
@@ -1084,11 +1090,11 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     return launches, y
 
 
-def takes_eager_route(P: int, read_bytes: int, batch: int, nheads: int) -> bool:
+def takes_eager_route(P: int, read_bytes: int, batch: int, nheads: int, dual: bool = False) -> bool:
     """True when a replay step of this shape (advancing its cursor) runs the eager route, i.e.
     flushes at every step: for traffic models, a step with flush period 1. read_bytes: bytes
     per element of the copy the output path reads (the low copy in dual mode)."""
-    return replay_variant(P, read_bytes, batch, nheads)["route"] == "eager"
+    return replay_variant(P, read_bytes, batch, nheads, dual)["route"] == "eager"
 
 
 def _plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: dict):

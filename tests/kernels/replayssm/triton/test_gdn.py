@@ -299,6 +299,8 @@ def test_eager_route_plan(monkeypatch):
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": False})
     assert not TK.takes_eager_route(32, 128, 128, 16, 4)           # batch 32: buffered
     assert TK.takes_eager_route(1, 128, 128, 16, 2)                # 16-bit read copies too
+    assert TK.takes_eager_route(1, 128, 128, 16, 2, dual=True)     # dual at batch 1
+    assert not TK.takes_eager_route(TK.DUAL_ROUTE_BATCH + 1, 128, 128, 16, 2, dual=True)
     assert not TK.takes_eager_route(1, 128, 128, 16, 1)            # 8-bit read copies: buffered
     monkeypatch.setattr(TK, "SMALL_BATCH_ROUTE", False)
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"])

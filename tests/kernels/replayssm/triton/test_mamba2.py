@@ -371,6 +371,7 @@ def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
     assert tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
     assert not tk.takes_eager_route(shape.head_dim, 4, tk.SMALL_PROGRAMS // shape.nheads, shape.nheads)   # large
     assert tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads)         # bf16 reads too
+    assert not tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads, dual=True)   # dual: buffered
     assert not tk.takes_eager_route(shape.head_dim, 1, batch, shape.nheads)     # fp8 reads: buffered
     g = gen(53 + batch)
     K = 4
