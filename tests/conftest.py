@@ -5,6 +5,8 @@ their kernel modules lazily; setting it here, before any test module is collecte
 """
 import os
 
+import pytest
+
 try:
     import torch
     _HAS_CUDA = torch.cuda.is_available()
@@ -23,9 +25,6 @@ def pytest_runtest_logreport(report):
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"=== FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
-
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -644,9 +644,9 @@ def _replay_eager_kernel(
     step with eager's traffic, on BLOCK_P rows of the HIGH checkpoint of head h of batch row b.
 
     n = cursor, a plain load beside the state's. n > 0 (entries a buffered-route step left):
-    fold entries 0..n-1 first (as a flush; CAP = buffer capacity bounds the loop), then take a ticket (cursor high bits); the
-    program drawing NPROG - 1 resets the cursor to 0 (every program read n before its own
-    ticket, so all agree on n). Then the eager step with the new entry as the buffer would
+    fold entries 0..n-1 first (as a flush; CAP, the buffer capacity, bounds the loop), then
+    take a ticket (cursor high bits); the program drawing NPROG - 1 resets the cursor to 0
+    (every program read n before its own ticket, so all agree on n). Then the eager step with the new entry as the buffer would
     store it (x, B, dt rounded to the buffer dtypes, as the reference's flush folds it):
     S' = exp(dt A) S + dt x B^T, written to the high copy (dual: the low copy too), and
     y = S' C (+ D x, * silu z). Nothing is appended; in the steady state (n = 0) there is no
