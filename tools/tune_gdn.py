@@ -197,7 +197,9 @@ def plan_old(rs, q, k, v, g, beta, idx, scale, o, bv, nw):
 
 # ----------------------------------------------------------------------------- variants
 def rcfg(br, nw, nr=1, hp=1, pf=0, dist=1, split=False, prefetch=False, **extra):
-    c = dict(BLOCK_V=br, num_warps=nw, NR=nr, HP=hp, PF=pf, PF_DIST=dist, SPLIT=split, PREFETCH=prefetch)
+    """A buffered-route replay config (EAGER_ROUTE off: the table routes small batches)."""
+    c = dict(BLOCK_V=br, num_warps=nw, NR=nr, HP=hp, PF=pf, PF_DIST=dist, SPLIT=split, PREFETCH=prefetch,
+             EAGER_ROUTE=False)
     c.update(extra)
     return c
 
@@ -269,8 +271,8 @@ SMALL = {  # batch 1 and 32: fp32 only
                  ROUTE(8, 2), ROUTE(16, 1), ROUTE(32, 4)],
          "eager-f32": [EAGER(16, 2), EAGER(32, 4), EAGER(16, 4), EAGER(8, 2)]},
 }
-# batch 4 and 8: where the eager route stops paying (the shipped rows first: fused 8 x 1 warp
-# at batch <= 4, split 32 x 4 warps above)
+# batch 4 and 8: where the eager route stops paying (the buffered rows first: session 5's
+# shipped fused 8 x 1 warp at batch <= 4, split 32 x 4 warps above)
 for _b in (4, 8):
     SMALL[_b] = {"f32": [rcfg(8, 1, prefetch=True), rcfg(32, 4, 2, 2, 2, 2, True, True), ROUTE(4, 1), ROUTE(8, 1),
                          ROUTE(8, 2), ROUTE(16, 1)],
