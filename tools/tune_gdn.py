@@ -344,20 +344,16 @@ def job_list():
             if f"b{b}" in FOCUS:
                 jobs += [(m, mode, b, c) for m in ("q122b", "q4b") for mode, cfgs in SMALL[b].items() for c in cfgs]
         return jobs
-    for b, d in SMALL.items():
-        if b not in (1, 32):
-            continue
-        for mode, cfgs in d.items():
+    for b in (1, 32):
+        for mode, cfgs in SMALL[b].items():
             for c in cfgs:
                 jobs.append(("q122b", mode, b, c))
     # Qwen3.5-4B: defaults and a few likely winners (the best of each are timed at the end)
     for mode, cfgs in BIG.items():
         for c in cfgs[:4]:
             jobs.append(("q4b", mode, 256, c))
-    for b, d in SMALL.items():
-        if b not in (1, 32):
-            continue
-        for mode, cfgs in d.items():
+    for b in (1, 32):
+        for mode, cfgs in SMALL[b].items():
             for c in cfgs[:4]:
                 jobs.append(("q4b", mode, b, c))
     return jobs

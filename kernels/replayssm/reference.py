@@ -350,14 +350,17 @@ def _gdn_fold_stored(S, U, Kn, G, end):
     return total[:, 0, :, None, None] * S + torch.einsum("blh,blhv,blhk->bhvk", rel[:, 0], U, Kn)
 
 
-def _gdn_fold_recompute(S, V, Kn, G, Beta, end):
+def _gdn_fold_recompute(S, V, Kn, G, Beta, end, u_out=None):
     """State after entries 0..end ([b]) by eager stepping from the high checkpoint S,
-    recomputing every u against it (dual mode: no low-precision u enters the state)."""
+    recomputing every u against it (dual mode: no low-precision u enters the state).
+    u_out [b, L, Hv, dv]: receives the recomputed u of entries 0..end (others untouched)."""
     S = S.clone()
     for i in range(int(end.max()) + 1):
         live = (end >= i)[:, None, None, None]
         alpha = torch.exp(G[:, i])[..., None]
         u = Beta[:, i, :, None] * (V[:, i] - alpha * torch.einsum("bhvk,bhk->bhv", S, Kn[:, i]))
+        if u_out is not None:
+            u_out[:, i] = torch.where(live[..., 0], u.to(u_out.dtype), u_out[:, i])
         S = torch.where(live, alpha[..., None] * S + u[..., None] * Kn[:, i, :, None, :], S)
     return S
 
@@ -382,12 +385,9 @@ def gdn_rederive_u(rs: GDNReplayState) -> None:
     slots = torch.arange(rs.cursor.shape[0], device=rs.cursor.device)
     cd = compute_dtype(rs.hi.data, rs.v)
     _, Kn, G = _gdn_buffer(rs, slots, cd)
-    S, V, Beta = rs.hi.read(slots, cd), rs.v[slots].to(cd), rs.beta[slots].to(cd)
-    for i in range(rs.capacity):
-        alpha = torch.exp(G[:, i])[..., None]                                          # [b, Hv, 1]
-        u = Beta[:, i, :, None] * (V[:, i] - alpha * torch.einsum("bhvk,bhk->bhv", S, Kn[:, i]))
-        rs.u[slots, i] = u.to(rs.u.dtype)
-        S = alpha[..., None] * S + u[..., None] * Kn[:, i, :, None, :]
+    every_entry = torch.full_like(slots, rs.capacity - 1)
+    _gdn_fold_recompute(rs.hi.read(slots, cd), rs.v[slots].to(cd), Kn, G, rs.beta[slots].to(cd), every_entry,
+                        u_out=rs.u)
 
 
 def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None):
