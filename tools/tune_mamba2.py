@@ -21,15 +21,16 @@ the best variant per case follows.
 Variant names. "default": the shipped tables (REPLAY_CONFIGS / CONFIG_TABLE). Replay step:
 v0 = the first version (16-row programs, 4 warps, state tile loaded after the buffered B
 tile, separate cursor-pass launch); otherwise [split-|eager-]f{rows}w{warps}[-np][-nt][-late]
-[-ev][-r{maxnreg}][-fr{fold rows}]: fused (default), split or eager route (the small-batch
+[-ev][-r{maxnreg}][-fr{fold rows}][-fc{fold cols}]: fused (default), split or eager route (the small-batch
 route: a flush at every step, eager's traffic), rows per program, warps;
 -np buffer tiles loaded in the branch that uses them (not right after the cursor); -nt cursor
 pass instead of the ticket; -late also the state load after the buffered B tile (the first
 version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows per fold chunk
-of flushing programs (default 16). Eager: e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole
+of flushing programs (default 16); -fc columns per fold chunk (default: whole rows). Eager: e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole
 head). Variants map onto replayssm.triton.mamba2.OVERRIDE.
 
 usage:  python3 tools/tune_mamba2.py [--deadline 185] [--models super,nano,ultra]
+        python3 tools/tune_mamba2.py --only replay:256 --variants default,f32w4-np-nt-fc16
         TRITON_INTERPRET=1 python3 tools/tune_mamba2.py --cpu-smoke   (script check on a CPU)
 """
 from __future__ import annotations
@@ -65,13 +66,14 @@ def replay_variant(name: str) -> dict:
         return {}
     if name == "v0":
         return dict(block_p=16, chunks=1, warps=4, route="fused", early=False, preload=False, ticket=False,
-                    fold_rows=16, evict="", maxnreg=None)
+                    fold_rows=16, fold_cols=0, evict="", maxnreg=None)
     m = re.fullmatch(r"(split-|eager-)?f(\d+)w(\d+)((?:-[a-z]+\d*)*)", name)
     if not m:
         raise ValueError(f"bad replay variant {name!r}")
     route = {"split-": "split", "eager-": "eager"}.get(m.group(1) or "", "fused")
     ov = dict(block_p=int(m.group(2)), chunks=1, warps=int(m.group(3)), route=route,
-              early=True, preload=True, ticket=True, fold_rows=16, evict="", maxnreg=None)
+              early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
+              maxnreg=None)
     for flag in filter(None, m.group(4).split("-")):
         if flag == "nt":
             ov["ticket"] = False
@@ -85,6 +87,8 @@ def replay_variant(name: str) -> dict:
             ov["maxnreg"] = int(flag[1:])
         elif flag.startswith("fr"):
             ov["fold_rows"] = int(flag[2:])
+        elif flag.startswith("fc"):
+            ov["fold_cols"] = int(flag[2:])
         else:
             raise ValueError(f"bad flag {flag!r} in {name!r}")
     return ov
@@ -273,11 +277,6 @@ TOL = {("float32", "none"): 5e-3, ("bfloat16", "none"): 3e-2, ("float32", "bfloa
        ("float32", "float8_e4m3"): 0.1}
 
 
-def tk_route() -> str:
-    from replayssm.triton import mamba2 as tk
-    return tk.OVERRIDE.get("replay", {}).get("route", "")
-
-
 def check(model, method, sd, lo, dev) -> str:
     """'' if the current OVERRIDE's kernels match the reference, else what differs."""
     from replaybench.runners.kernel import Layer, _inputs
@@ -285,8 +284,11 @@ def check(model, method, sd, lo, dev) -> str:
     mk = lambda backend: Layer("mamba2", dims, method, backend, b, L, K, sd, lo, dev,  # noqa: E731
                                torch.Generator().manual_seed(7))
     ours, ref = mk("triton"), mk("reference")
-    if ours.rs is not None and tk_route() == "eager":   # the eager route flushes at every step: so must the reference
-        ref.rs.flush_period = 1
+    if ours.rs is not None:     # the eager route (OVERRIDE's or the table's at this batch) flushes at every step
+        from replayssm.triton import mamba2 as tk
+        rd = ours.rs.read_ckpt.data
+        if tk.takes_eager_route(dims.head_dim, rd.element_size(), b, dims.nheads, ours.rs.mode == "dual"):
+            ref.rs.flush_period = 1
     gen = torch.Generator().manual_seed(1)
     idx = torch.arange(b, dtype=torch.int32, device=dev)
     idx[-1] = -1
@@ -339,7 +341,9 @@ def run_group(g, dev, ctx, args):
     model = get_model(g["model"])
     method, batch, sd, lo = g["method"], g["batch"], g["sd"], g["lo"]
     backend = "vllm" if method == "vllm-eager" else "triton"
-    case = SimpleNamespace(method=method, batch=batch, state_dtype=sd, lo_dtype=lo, flush_period=K, buffer_len=L)
+    # backend "triton": the traffic model asks the kernel tables (and OVERRIDE) for the route
+    case = SimpleNamespace(method=method, batch=batch, state_dtype=sd, lo_dtype=lo, flush_period=K, buffer_len=L,
+                           backend="triton")
     nbytes = step_traffic(case, model).total_bytes
     gen = torch.Generator().manual_seed(0)
     flush = method not in ("eager", "vllm-eager")
@@ -393,9 +397,7 @@ def run_group(g, dev, ctx, args):
             log(f"TIMING FAILED {short} {method} {sd}/{lo} {v}: {type(e).__name__}: {e}")
             continue
         us = t.median_us
-        nb = nbytes
-        if method.startswith("replay") and tk_route() == "eager":   # eager's traffic: a flush every step
-            nb = step_traffic(SimpleNamespace(**{**vars(case), "flush_period": 1}), model).total_bytes
+        nb = step_traffic(case, model).total_bytes if method.startswith("replay") else nbytes   # the variant's route
         gbps = nb / us / 1e3
         base = VLLM.get((short, batch, sd if method != "replay-dual" else "float32"))
         if method == "vllm-eager":
@@ -498,6 +500,8 @@ def main() -> int:
     ap.add_argument("--max-layers", type=int, default=512)
     ap.add_argument("--workers", type=int, default=12, help="background compile processes (0: none)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--variants", default="", help="replay variants to time instead of the groups' own lists "
+                    "(comma list; replay and replay-dual groups)")
     ap.add_argument("--regs", action="store_true", help="only print sm_90 registers of the variants (no GPU)")
     args = ap.parse_args()
 
@@ -523,6 +527,12 @@ def main() -> int:
             groups = [g for g in groups if f"{g['method']}:{g['batch']}" in keep]
             if not groups:
                 raise SystemExit(f"--only {args.only}: no group; names are method:batch, e.g. eager:1")
+    if args.variants:
+        for g in groups:
+            if g["method"] in ("replay", "replay-dual"):
+                g["variants"] = args.variants.split(",")
+                for v in g["variants"]:
+                    replay_variant(v)   # a bad name fails here, before any measurement
     if args.regs:
         offline_regs([g for g in groups if g["batch"] == 256])
         return 0

@@ -110,6 +110,11 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 #            at batch 1 the extra launch costs more (5.3 -> 6.5 us).
 #   fold_rows  rows per fold chunk of a flushing program (re-reads its high rows, an L2 hit);
 #            bounds the MMA operands' registers for tall programs. None/0: the whole tile.
+#   fold_cols  columns per fold chunk (0: the whole row, one chunk per fold row chunk). Below N
+#            the flush path re-reads [fold_rows, fold_cols] chunks of its high tile instead of
+#            folding the read tile it holds, so the (rare) flush path needs fewer registers than
+#            the output path and does not lower every program's occupancy. Not with row-scaled
+#            (fp8) copies, whose scale needs the whole row: those fold whole rows.
 #   evict    cache hint on the streamed state ("" or "evict_first"; no gain measured).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
 # Route "small"-bucket batches as the table's "route" rows say (where given). False: those rows
@@ -120,7 +125,8 @@ SMALL_BATCH_ROUTE = True
 # (H200 dual bf16, routed vs buffered: b1 Super 5.00 vs 4.92 us, Nano 4.82 vs 4.88; b8 Nano 22.0
 # vs 20.1, h200-small-batch-bf16-20261130 vs -20261130b): it takes the route up to this batch.
 DUAL_ROUTE_BATCH = 0
-REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, evict="", maxnreg=None)
+REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
+                       maxnreg=None)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # "small" batches with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and latency.
     # Super b1 / b4 / b8: 4.48 / 10.77 / 19.08 us vs 5.18 / 11.93 / 21.20 buffered (eager 4.43 /
@@ -222,11 +228,14 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])
     rows = min(_np2(v["block_p"] * chunks), _np2(P))
+    if v["fold_cols"] and (v["fold_cols"] < 16 or v["fold_cols"] & (v["fold_cols"] - 1)):
+        raise ValueError(f"replay fold_cols {v['fold_cols']}: allowed 0 (whole rows) or a power of 2 >= 16")
     if v["route"] not in ("fused", "split", "eager"):
         raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split, eager")
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
-            "fold_rows": min(rows, v["fold_rows"] or rows), "maxnreg": v["maxnreg"]}
+            "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
+            "maxnreg": v["maxnreg"]}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -428,7 +437,7 @@ def _replay_step_kernel(
     HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, RD_SCALE: tl.constexpr, HI_SCALE: tl.constexpr,
     HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
-    FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr,
+    FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -501,14 +510,12 @@ def _replay_step_kernel(
     # One branch per program (the decision is per sequence). Without PRELOAD each branch
     # loads the buffer tiles itself (fewer registers live across the cursor wait).
     if do_fold:
-        if PRELOAD:
-            Bbf = Bb.to(tl.float32)
-        else:
-            Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
-        if FOLD_ROWS == BLOCK_P:    # the whole tile in one fold
+        if FOLD_ROWS == BLOCK_P and FOLD_COLS == BLOCK_N:    # the whole tile in one fold
             if PRELOAD:
+                Bbf = Bb.to(tl.float32)
                 Xbf = Xb.to(tl.float32)
             else:
+                Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
                 Xbf = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
                               mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
             if HAS_LO:      # the read tile is the low copy: fold the high one
@@ -526,25 +533,44 @@ def _replay_step_kernel(
             _finish_y(tl.sum(Sh * Cv[None, :], axis=1), x_raw.to(tl.float32), Dh, z_row, y_row, offs_p, mask_p, in_p,
                       HAS_Z, EXACT)
         else:
-            # FOLD_ROWS-row chunks, each re-reading its high rows (an L2 hit when they are
-            # the tile just read): the fold's MMA operands and accumulator then cost a
-            # FOLD_ROWS-row tile's registers, not a BLOCK_P-row one's, in every program.
+            # [FOLD_ROWS, FOLD_COLS] chunks, each re-reading its high rows (an L2 hit when they
+            # are the tile just read; the read tile S is dead here): the fold's MMA operands and
+            # accumulator cost a chunk's registers, not the program's tile's, so the flush path
+            # (1 program in K) does not lower the occupancy of the output path. Row-scaled
+            # copies come with FOLD_COLS == BLOCK_N (the planner): a scale needs the whole row.
+            if FOLD_COLS == BLOCK_N:    # whole rows: the buffered B tile once, for every chunk
+                if PRELOAD:
+                    Bbf = Bb.to(tl.float32)
+                else:
+                    Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
             for c in tl.range(0, BLOCK_P // FOLD_ROWS, num_stages=1, loop_unroll_factor=1):
                 offs_q = pid_p * BLOCK_P + c * FOLD_ROWS + tl.arange(0, FOLD_ROWS)
                 in_q = offs_q < P
                 mask_q = in_q & live
-                mask2 = mask_q[:, None] & mask_n[None, :]
-                Xq = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_q[None, :],
-                             mask=mask_l[:, None] & mask_q[None, :], other=0.0).to(tl.float32)
-                Sq = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_q, offs_n, s_ck_p, mask2, mask_q, HI_SCALE,
-                                 "")
+                xw = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_q[None, :],
+                             mask=mask_l[:, None] & mask_q[None, :], other=0.0).to(tl.float32) * w[:, None]
                 xq = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_q, mask=mask_q, other=0.0).to(tl.float32)
-                xqb = cast(xq, bx_ptr.dtype.element_ty, EXACT).to(tl.float32)
-                Sq = total * Sq + _outer_sum(Xq * w[:, None], Bbf, USE_DOT, DOT_PREC, EXACT) \
-                    + (dt_n * xqb)[:, None] * Bn[None, :]
-                _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_q, offs_n, mask2,
-                             mask_q, Sq, HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
-                _finish_y(tl.sum(Sq * Cv[None, :], axis=1), xq, Dh, z_row, y_row, offs_q, mask_q, in_q, HAS_Z, EXACT)
+                xqn = dt_n * cast(xq, bx_ptr.dtype.element_ty, EXACT).to(tl.float32)
+                yq = tl.zeros([FOLD_ROWS], tl.float32)
+                for j in tl.range(0, BLOCK_N // FOLD_COLS, num_stages=1, loop_unroll_factor=1):
+                    offs_m = j * FOLD_COLS + tl.arange(0, FOLD_COLS)
+                    in_m = offs_m < N
+                    mask2 = mask_q[:, None] & (in_m & live)[None, :]
+                    Sq = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_q, offs_m, s_ck_p, mask2, mask_q,
+                                     HI_SCALE, "")
+                    if FOLD_COLS == BLOCK_N:
+                        Bc, Bm, Cm = Bbf, Bn, Cv
+                    else:
+                        Bc = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_m, mask_l, in_m)
+                        Bm = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_m, mask=in_m & live, other=0.0)
+                        Bm = cast(Bm.to(tl.float32), bB_ptr.dtype.element_ty, EXACT).to(tl.float32)   # as buffered
+                        Cm = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_m, mask=in_m & live, other=0.0)
+                        Cm = Cm.to(tl.float32)
+                    Sq = total * Sq + _outer_sum(xw, Bc, USE_DOT, DOT_PREC, EXACT) + xqn[:, None] * Bm[None, :]
+                    _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_q, offs_m, mask2,
+                                 mask_q, Sq, HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
+                    yq += tl.sum(Sq * Cm[None, :], axis=1)
+                _finish_y(yq, xq, Dh, z_row, y_row, offs_q, mask_q, in_q, HAS_Z, EXACT)
     else:
         if PRELOAD:
             Bbf = Bb.to(tl.float32)
@@ -1052,7 +1078,11 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         warps = max(warps, 2)   # fp32 buffers: the tf32x3 fold's operands spill at 1 warp (untuned path)
     ticket = advance and v["ticket"]
     block_n = _np2(N)
-    block_l, use_dot = _block_l(min(rs.flush_period, L), v["fold_rows"], block_n)   # a step sees n <= K - 1
+    # fold column chunk: whole rows unless fold_cols is set and no copy carries row scales
+    fold_cols = block_n
+    if v["fold_cols"] and not any(ck is not None and ck.scale is not None for ck in (rs.hi, rs.lo)):
+        fold_cols = min(v["fold_cols"], block_n)
+    block_l, use_dot = _block_l(min(rs.flush_period, L), v["fold_rows"], fold_cols)   # a step sees n <= K - 1
     grid = (triton.cdiv(P, block_p), H, bsz)
     nprog = grid[0] * H
     if ticket and (nprog >= 1 << 15 or L >= 1 << 16):
@@ -1076,7 +1106,8 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
-        RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], **common)]
+        RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
+        **common)]
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,

@@ -304,18 +304,36 @@ def test_replay_variants(device, variant, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("route", ["fused", "split"])
-def test_replay_fold_chunks(device, route, monkeypatch):
-    """32-row programs whose flush folds in 16-row chunks (tl.dot, bf16x3), re-reading the
-    high rows per chunk; both routes."""
+@pytest.mark.parametrize("route,block_p,fold_cols,mode,lo", [
+    ("fused", 32, 0, "replay", None), ("split", 32, 0, "replay", None),
+    ("fused", 32, 16, "replay", None), ("fused", 16, 16, "replay", None), ("fused", 16, 16, "dual", "bfloat16"),
+    ("fused", 16, 16, "dual", "float8_e4m3")])
+def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, monkeypatch):
+    """Flushes that fold in [16 rows, fold_cols] chunks (tl.dot, bf16x3), re-reading the high
+    rows per chunk: 32-row programs in 16-row chunks (both routes), and 16-column chunks of a
+    32-column state (fold_cols), which row-scaled fp8 copies ignore (whole rows)."""
     from replayssm.triton import mamba2 as tk
-    monkeypatch.setitem(tk.OVERRIDE, "replay", dict(block_p=32, chunks=1, fold_rows=16, route=route))
-    shape = I.Mamba2Shape(nheads=2, head_dim=32, d_state=16, n_groups=1)
+    monkeypatch.setitem(tk.OVERRIDE, "replay", dict(block_p=block_p, chunks=1, fold_rows=16, fold_cols=fold_cols,
+                                                    route=route))
+    shape = I.Mamba2Shape(nheads=2, head_dim=32, d_state=32, n_groups=1)
     g = gen(46)
-    rs, rr = make_pair(shape, 3, 5, 4, "replay", "float32", None, torch.bfloat16, g)
-    assert tk.replay_variant(32, 4, 2, 2)["fold_rows"] == 16
+    rs, rr = make_pair(shape, 3, 5, 4, mode, "float32", lo, torch.bfloat16, g)
+    v = tk.replay_variant(32, 4, 2, 2)
+    assert (v["fold_rows"], v["fold_cols"]) == (16, fold_cols)
     idx = torch.tensor([2, 0], dtype=torch.int32, device=device)
-    assert run_steps(rs, rr, shape, idx, 5, torch.bfloat16, g, what=f"fold chunks {route}") >= 2
+    assert run_steps(rs, rr, shape, idx, 5, torch.bfloat16, g, what=f"fold chunks {route} cols {fold_cols}") >= 2
+
+
+def test_replay_fold_cols_checked():
+    """fold_cols must be 0 or a power of 2 >= 16 (a tl.dot operand dim)."""
+    from replayssm.triton import mamba2 as tk
+    for bad in (8, 24):
+        tk.OVERRIDE["replay"] = dict(fold_cols=bad)
+        try:
+            with pytest.raises(ValueError, match="fold_cols"):
+                tk.replay_variant(64, 4, 256, 128)
+        finally:
+            tk.OVERRIDE.clear()
 
 
 @pytest.mark.parametrize("device", DEVICES)
