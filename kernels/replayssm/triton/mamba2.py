@@ -127,6 +127,7 @@ SMALL_BATCH_ROUTE = True
 DUAL_ROUTE_BATCH = 0
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
                        maxnreg=None)
+_LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # "small" batches with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and latency.
     # Super b1 / b4 / b8: 4.48 / 10.77 / 19.08 us vs 5.18 / 11.93 / 21.20 buffered (eager 4.43 /
@@ -137,16 +138,21 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # (h200-small-batch-bf16-20261130, h200-kernels-20261130-s6)
     (2, "route"): [dict(route="eager", block_p=8, warps=1)],
     (4, "small"): [dict(block_p=16, warps=2)],                          # batch 1: 5.2 us (Super, Nano)
-    (4, "large"): [dict(block_p=64, warps=4, ticket=False, p_mod=64),   # Super 256: 363 us, 79 % of copy
-                   dict(block_p=16, warps=1, preload=False)],           # Nano 256: 378 us, 71 %
+    # large batches: 16 rows x 1 warp, every load after the cursor ("late": no state tile held
+    # across the cursor and buffer loads), the flush folded in 16 x 16 chunks (fold_cols), the
+    # cursor pass: 72-80 registers (sm_90) instead of 128-168, so 2-3x the warps per SM.
+    # tune_mamba2_late.txt (b256, same run; before -> now): fp32 Super 362 -> 325 us, Nano
+    # 376 -> 314; dual bf16 Super 333 -> 261, Nano 425 -> 246; bf16 Super 246 -> 247, Nano
+    # 306 -> 225. Super's whole-head 64 x 4 programs (the previous fp32 entry) hold 128.
+    (4, "large"): [_LEAN],
     (2, "small"): [dict(block_p=16, warps=4)],                          # dual bf16 batch 1: 4.9 us
-    (2, "large"): [dict(block_p=64, warps=2)],                          # bf16 reads: best at both dims
+    (2, "large"): [_LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     (1, "large"): [dict(block_p=64, warps=2, p_mod=64),                 # dual fp8 Super: 318 us
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
-# ticket=, fold_rows=, evict=, maxnreg=) and OVERRIDE["eager"] = dict(block_p=, chunks=,
+# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=) and OVERRIDE["eager"] = dict(block_p=, chunks=,
 # warps=, evict=) replace the table entries above for every shape (only keys given).
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}

@@ -304,17 +304,18 @@ def test_replay_variants(device, variant, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("route,block_p,fold_cols,mode,lo", [
-    ("fused", 32, 0, "replay", None), ("split", 32, 0, "replay", None),
-    ("fused", 32, 16, "replay", None), ("fused", 16, 16, "replay", None), ("fused", 16, 16, "dual", "bfloat16"),
-    ("fused", 16, 16, "dual", "float8_e4m3")])
-def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, monkeypatch):
+@pytest.mark.parametrize("route,block_p,fold_cols,mode,lo,late", [
+    ("fused", 32, 0, "replay", None, False), ("split", 32, 0, "replay", None, False),
+    ("fused", 32, 16, "replay", None, False), ("fused", 16, 16, "replay", None, True),
+    ("fused", 16, 16, "dual", "bfloat16", True), ("fused", 16, 16, "dual", "float8_e4m3", False)])
+def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, monkeypatch):
     """Flushes that fold in [16 rows, fold_cols] chunks (tl.dot, bf16x3), re-reading the high
     rows per chunk: 32-row programs in 16-row chunks (both routes), and 16-column chunks of a
-    32-column state (fold_cols), which row-scaled fp8 copies ignore (whole rows)."""
+    32-column state (fold_cols), which row-scaled fp8 copies ignore (whole rows). `late`: the
+    large-batch table entry's load order (every load after the cursor) and cursor pass."""
     from replayssm.triton import mamba2 as tk
     monkeypatch.setitem(tk.OVERRIDE, "replay", dict(block_p=block_p, chunks=1, fold_rows=16, fold_cols=fold_cols,
-                                                    route=route))
+                                                    route=route, early=not late, preload=not late, ticket=not late))
     shape = I.Mamba2Shape(nheads=2, head_dim=32, d_state=32, n_groups=1)
     g = gen(46)
     rs, rr = make_pair(shape, 3, 5, 4, mode, "float32", lo, torch.bfloat16, g)
