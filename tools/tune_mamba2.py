@@ -158,11 +158,12 @@ def groups_for(model: str, nano: bool) -> list[dict]:
                   (["eager-f8w1", "eager-f32w8", "eager-f16w2"] if b == 1 else [])),
                 g(4, "vllm-eager", b, "bfloat16", "none", ["vllm"]),
                 g(4, "eager", b, "bfloat16", "none", ["default", "e16x1w4", "e16x0w4", "e64x1w8"])]
-    # batch 4 and 8: where the eager route (a flush at every step) stops paying
-    for b in (4, 8):
+    # batch 4, 8 and 16: where the eager route (a flush at every step) stops paying
+    for b in (4, 8, 16):
         out += [g(7, "vllm-eager", b, "float32", "none", ["vllm"]),
                 g(7, "eager", b, "float32", "none", ["default"]),
-                g(7, "replay", b, "float32", "none", ["default", "f16w2", "eager-f8w1", "eager-f32w8", "eager-f16w2"])]
+                g(7, "replay", b, "float32", "none", ["default", "f16w2", "eager-f8w1", "eager-f32w8", "eager-f16w2"]),
+                g(7, "replay-dual", b, "float32", "bfloat16", ["default", "f16w4"])]
     # bf16 eager at batch 512, where ours was 0.94x vLLM's (Super, h200-kernels-20261130-s5)
     out += [g(6, "vllm-eager", 512, "bfloat16", "none", ["vllm"]),
             g(6, "eager", 512, "bfloat16", "none", EAGER_BF16 + EAGER_BF16_LARGE)]
