@@ -86,7 +86,8 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     ("verify", 1, "large"): [(64, 1, 2, 64), (32, 1, 2)],
 }
 # REPLAY_CONFIGS (the step kernel). Key: (bytes per element of the copy the output path reads,
-# bucket: "small" / "large", or "route": the small bucket's rows while SMALL_BATCH_ROUTE). Value:
+# bucket: "one" (batch 1), "small" / "large" (as above, batch > 1), or "route": the rows of
+# batches <= ROUTE_BATCH while SMALL_BATCH_ROUTE). Value:
 # candidates (dicts), the first whose "p_mod" divides P is used (the last one
 # always); keys not given take REPLAY_DEFAULTS. A program is one [block_p, N] tile
 # (block_p a power of 2, clamped to next_pow2(P)), loaded with one 2-D load.
@@ -117,10 +118,15 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 #            (fp8) copies, whose scale needs the whole row: those fold whole rows.
 #   evict    cache hint on the streamed state ("" or "evict_first"; no gain measured).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
-# Route "small"-bucket batches as the table's "route" rows say (where given). False: those rows
+# Route batches <= ROUTE_BATCH as the table's "route" rows say (where given). False: those rows
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at
 # batch 1). OVERRIDE still wins.
 SMALL_BATCH_ROUTE = True
+# Batch 1 is latency-bound: the route costs eager's 4.5 us, the buffered kernel 5.6-6.0 (its
+# cursor, buffer and state loads form a chain). From batch 4 the lean buffered kernel below wins
+# (tune_mamba2_small_lean.txt, fp32 Super, buffered vs route: b4 9.40 vs 10.76 us, b8 15.48 vs
+# 19.15, b16 26.81 vs 35.78).
+ROUTE_BATCH = 1
 # Dual mode writes two copies on the eager route (no byte saving) and gained no time there
 # (H200 dual bf16, routed vs buffered: b1 Super 5.00 vs 4.92 us, Nano 4.82 vs 4.88; b8 Nano 22.0
 # vs 20.1, h200-small-batch-bf16-20261130 vs -20261130b): it takes the route up to this batch.
@@ -129,23 +135,26 @@ REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fol
                        maxnreg=None)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
-    # "small" batches with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and latency.
-    # Super b1 / b4 / b8: 4.48 / 10.77 / 19.08 us vs 5.18 / 11.93 / 21.20 buffered (eager 4.43 /
-    # 10.84 / 19.25); above the bucket (Super b16: 1.18x eager buffered) the buffered route wins
+    # batch 1 with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and latency
+    # (Super 4.49 us vs eager 4.43; the buffered kernels 5.6-7.8, tune_mamba2_small_lean.txt)
     (4, "route"): [dict(route="eager", block_p=32, warps=8)],
     # 16-bit read copies (bf16 state; dual only up to DUAL_ROUTE_BATCH): 8 rows x 1 warp. bf16
-    # state, routed / buffered x our bf16 eager: Super b1 1.05 / 0.74, Nano b16 1.02
+    # state, routed / buffered x our bf16 eager: Super b1 1.05 / 0.74
     # (h200-small-batch-bf16-20261130, h200-kernels-20261130-s6)
     (2, "route"): [dict(route="eager", block_p=8, warps=1)],
-    (4, "small"): [dict(block_p=16, warps=2)],                          # batch 1: 5.2 us (Super, Nano)
-    # large batches: 16 rows x 1 warp, every load after the cursor ("late": no state tile held
-    # across the cursor and buffer loads), the flush folded in 16 x 16 chunks (fold_cols), the
-    # cursor pass: 72-80 registers (sm_90) instead of 128-168, so 2-3x the warps per SM.
-    # tune_mamba2_late.txt (b256, same run; before -> now): fp32 Super 362 -> 325 us, Nano
-    # 376 -> 314; dual bf16 Super 333 -> 261, Nano 425 -> 246; bf16 Super 246 -> 247, Nano
-    # 306 -> 225. Super's whole-head 64 x 4 programs (the previous fp32 entry) hold 128.
+    (4, "one"): [dict(block_p=16, warps=2)],                            # batch 1, buffered: 5.2 us
+    (2, "one"): [dict(block_p=16, warps=4)],                            # dual bf16 batch 1: 4.9 us
+    (1, "one"): [dict(block_p=16, warps=4)],                            # (not measured: as bf16)
+    # batch > 1: 16 rows x 1 warp, every load after the cursor ("late": no state tile held
+    # across the cursor and buffer loads), the flush folded in 16 x 16 chunks (fold_cols): 72-80
+    # registers (sm_90) instead of 128-168, so 2-3x the warps per SM. tune_mamba2_late.txt (b256,
+    # same run; before -> now): fp32 Super 362 -> 325 us, Nano 376 -> 314; dual bf16 Super
+    # 333 -> 261, Nano 425 -> 246; bf16 Super 246 -> 247, Nano 306 -> 225. Large batches move the
+    # cursor in a separate pass (the ticket's atomics queue there); small ones by ticket (one
+    # launch: b4-b16 ~1 us faster, tune_mamba2_small_lean.txt; Super dual b8 13.75 vs 21.61 us).
+    (4, "small"): [dict(_LEAN, ticket=True)],
     (4, "large"): [_LEAN],
-    (2, "small"): [dict(block_p=16, warps=4)],                          # dual bf16 batch 1: 4.9 us
+    (2, "small"): [dict(_LEAN, ticket=True)],
     (2, "large"): [_LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     (1, "large"): [dict(block_p=64, warps=2, p_mod=64),                 # dual fp8 Super: 318 us
@@ -226,8 +235,8 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     REPLAY_DEFAULTS, then OVERRIDE['replay']. Rows per program: next_pow2(block_p * chunks)
     (chunks 0 = whole head; default 1), at most next_pow2(P)."""
     v = dict(REPLAY_DEFAULTS, chunks=1)
-    key = (min(read_bytes, 4), _bucket(batch, nheads))
-    if SMALL_BATCH_ROUTE and key[1] == "small" and (key[0], "route") in REPLAY_CONFIGS and (
+    key = (min(read_bytes, 4), "one" if batch <= 1 else _bucket(batch, nheads))
+    if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH and (key[0], "route") in REPLAY_CONFIGS and (
             not dual or batch <= DUAL_ROUTE_BATCH):
         key = (key[0], "route")
     v.update(_pick(REPLAY_CONFIGS[key], P))
