@@ -87,7 +87,7 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 }
 # REPLAY_CONFIGS (the step kernel). Key: (bytes per element of the copy the output path reads,
 # bucket: "one" (batch 1), "small" / "large" (as above, batch > 1), or "route": the rows of
-# batches <= ROUTE_BATCH while SMALL_BATCH_ROUTE). Value:
+# batches <= ROUTE_BATCH[bytes] while SMALL_BATCH_ROUTE). Value:
 # candidates (dicts), the first whose "p_mod" divides P is used (the last one
 # always); keys not given take REPLAY_DEFAULTS. A program is one [block_p, N] tile
 # (block_p a power of 2, clamped to next_pow2(P)), loaded with one 2-D load.
@@ -118,15 +118,18 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 #            (fp8) copies, whose scale needs the whole row: those fold whole rows.
 #   evict    cache hint on the streamed state ("" or "evict_first"; no gain measured).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
-# Route batches <= ROUTE_BATCH as the table's "route" rows say (where given). False: those rows
+# Route batches <= ROUTE_BATCH[bytes] as the table's "route" rows say (where given). False: those rows
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at
 # batch 1). OVERRIDE still wins.
 SMALL_BATCH_ROUTE = True
-# Batch 1 is latency-bound: the route costs eager's 4.5 us, the buffered kernel 5.6-6.0 (its
-# cursor, buffer and state loads form a chain). From batch 4 the lean buffered kernel below wins
-# (tune_mamba2_small_lean.txt, fp32 Super, buffered vs route: b4 9.40 vs 10.76 us, b8 15.48 vs
-# 19.15, b16 26.81 vs 35.78).
-ROUTE_BATCH = 1
+# Largest batch routed, per bytes per element of the read copy. fp32: batch 1-2 are
+# latency-bound, the route costs eager's time (4.5 us at b1) and the buffered kernel more (5.6-6.0
+# at b1; b2 7.24-7.38 vs eager 6.23-6.26, h200-small-batch-20261130-s7b); from batch 4 the lean
+# buffered kernel below wins (tune_mamba2_small_lean.txt, fp32 Super, buffered vs route: b4
+# 9.40 vs 10.76 us, b8 15.48 vs 19.15, b16 26.81 vs 35.78). bf16 state: the lean kernel loses
+# to the route up to b16 (b8 Nano 12.78 vs 10.49 us, b16 19.67 vs 18.73; s7b vs
+# h200-small-batch-bf16-20261130) and wins at b32.
+ROUTE_BATCH = {4: 2, 2: 16}
 # Dual mode writes two copies on the eager route (no byte saving) and gained no time there
 # (H200 dual bf16, routed vs buffered: b1 Super 5.00 vs 4.92 us, Nano 4.82 vs 4.88; b8 Nano 22.0
 # vs 20.1, h200-small-batch-bf16-20261130 vs -20261130b): it takes the route up to this batch.
@@ -135,8 +138,8 @@ REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fol
                        maxnreg=None)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
-    # batch 1 with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and latency
-    # (Super 4.49 us vs eager 4.43; the buffered kernels 5.6-7.8, tune_mamba2_small_lean.txt)
+    # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
+    # latency (Super b1 4.49 us vs eager 4.43; the buffered kernels 5.6-7.8, tune_mamba2_small_lean.txt)
     (4, "route"): [dict(route="eager", block_p=32, warps=8)],
     # 16-bit read copies (bf16 state; dual only up to DUAL_ROUTE_BATCH): 8 rows x 1 warp. bf16
     # state, routed / buffered x our bf16 eager: Super b1 1.05 / 0.74
@@ -236,7 +239,7 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     (chunks 0 = whole head; default 1), at most next_pow2(P)."""
     v = dict(REPLAY_DEFAULTS, chunks=1)
     key = (min(read_bytes, 4), "one" if batch <= 1 else _bucket(batch, nheads))
-    if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH and (key[0], "route") in REPLAY_CONFIGS and (
+    if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH.get(key[0], 0) and (key[0], "route") in REPLAY_CONFIGS and (
             not dual or batch <= DUAL_ROUTE_BATCH):
         key = (key[0], "route")
     v.update(_pick(REPLAY_CONFIGS[key], P))

@@ -382,14 +382,14 @@ def test_eager_route_mixes_with_the_buffered_route(device, mode, sd, lo, act, mo
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
-    """The shipped table at batch <= ROUTE_BATCH (fp32): the eager route, i.e. outputs as the
+    """The shipped table at batch <= ROUTE_BATCH[4] (fp32): the eager route, i.e. outputs as the
     buffered reference's and checkpoints, cursors and bytes as the reference's with flush period
     1 (entries pending at the start are folded first). Batch 4 (with a padded row) runs with
-    ROUTE_BATCH raised to 4; by default it buffers. With SMALL_BATCH_ROUTE off: buffered."""
+    ROUTE_BATCH[4] raised to 4; by default it buffers. With SMALL_BATCH_ROUTE off: buffered."""
     from replayssm.triton import mamba2 as tk
     shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
-    assert not tk.takes_eager_route(shape.head_dim, 4, tk.ROUTE_BATCH + 1, shape.nheads)   # small: buffered
-    monkeypatch.setattr(tk, "ROUTE_BATCH", max(tk.ROUTE_BATCH, batch))
+    assert not tk.takes_eager_route(shape.head_dim, 4, tk.ROUTE_BATCH[4] + 1, shape.nheads)   # small: buffered
+    monkeypatch.setitem(tk.ROUTE_BATCH, 4, max(tk.ROUTE_BATCH[4], batch))
     assert tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
     assert not tk.takes_eager_route(shape.head_dim, 4, tk.SMALL_PROGRAMS // shape.nheads, shape.nheads)   # large
     assert tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads)         # bf16 reads too
