@@ -28,8 +28,9 @@ import traceback
 T0 = time.time()
 BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
 # TUNE_MODES: comma list of what to search, for a focused probe that fits a short device call:
-# batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16) and b1 / b4 /
-# b8 / b32 (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything, then batch
+# batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16), their
+# small-program lists (lean-f32, lean-dual-bf16, lean-bf16) and b1 / b4 / b8 / b32 (fp32 eager vs
+# replay at that batch, both Qwen3.5 dims). Unset: everything, then batch
 # 1/32 and Qwen3.5-4B around this run's winners.
 FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -258,6 +259,16 @@ BIG = {   # batch 256, Qwen3.5-122B: the wide search
                    EAGER(16, 1), EAGER(32, 1), EAGER(32, 2), EAGER(16, 2), EAGER(64, 2), EAGER(8, 1), EAGER(8, 2),
                    EAGER(4, 1)],
 }
+# Small single-chunk programs at batch 256 (TUNE_MODES lean-f32, lean-dual-bf16, lean-bf16), after
+# the Mamba-2 replay step gained 10-42 % from 16-row, 1-warp programs with 72-80 registers
+# (docs/kernels.md, session 7). Each list starts with the shipped large-batch row. sm_90
+# registers of the output-only kernel (offline compile, Qwen3.5-122B b256; fp32 / dual bf16 /
+# bf16): shipped 96 / 168 / 168; R16 w2 80 / 96 / 95; R16 w1 136 / 128 / 128; R32 w2 128 / 96 / 96.
+_LEAN_TILES = [rcfg(16, 2, split=True), rcfg(16, 1, split=True), rcfg(32, 2, split=True), rcfg(8, 1, split=True),
+               rcfg(16, 2, 1, 2, split=True), rcfg(32, 4, split=True)]
+LEAN = {"f32": [rcfg(32, 4, 4, 2, 2, 2, True)] + _LEAN_TILES,
+        "dual-bf16": [rcfg(128, 4, 1, 4, 2, 2, True), rcfg(32, 4, 4, 2, 2, 2, True)] + _LEAN_TILES,
+        "bf16": [rcfg(128, 4, 1, 4, 2, 2, True), rcfg(32, 4, 4, 2, 2, 2, True)] + _LEAN_TILES}
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
                 rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True),
@@ -340,6 +351,7 @@ def job_list():
             if not FOCUS or mode in FOCUS:
                 jobs.append(("q122b", mode, 256, c))
     if FOCUS:
+        jobs += [("q122b", mode, 256, c) for mode, cfgs in LEAN.items() if f"lean-{mode}" in FOCUS for c in cfgs]
         for b in SMALL:
             if f"b{b}" in FOCUS:
                 jobs += [(m, mode, b, c) for m in ("q122b", "q4b") for mode, cfgs in SMALL[b].items() for c in cfgs]
@@ -660,12 +672,16 @@ def main():
     winners = {}
     if FOCUS:
         small = {f"b{b}" for b in SMALL}
-        bad = sorted(set(FOCUS) - set(BIG) - small)
+        lean = {f"lean-{m}" for m in LEAN}
+        bad = sorted(set(FOCUS) - set(BIG) - small - lean)
         if bad:
-            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}, {', '.join(sorted(small))}")
-        if set(FOCUS) & set(BIG):
+            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}, {', '.join(sorted(small | lean))}")
+        if set(FOCUS) & (set(BIG) | lean):
             run_vllm("q122b", "float32", 256)
         for mode in FOCUS:
+            if mode in lean:
+                run_replay("q122b", mode[len("lean-"):], 256, LEAN[mode[len("lean-"):]])
+                continue
             if mode in small:   # fp32 eager vs replay at a small batch, both Qwen3.5 dims
                 b = int(mode[1:])
                 for model in ("q122b", "q4b"):
