@@ -21,13 +21,14 @@ the best variant per case follows.
 Variant names. "default": the shipped tables (REPLAY_CONFIGS / CONFIG_TABLE). Replay step:
 v0 = the first version (16-row programs, 4 warps, state tile loaded after the buffered B
 tile, separate cursor-pass launch); otherwise [split-|eager-]f{rows}w{warps}[-np][-nt][-late]
-[-ev][-r{maxnreg}][-fr{fold rows}][-fc{fold cols}]: fused (default), split or eager route (the small-batch
-route: a flush at every step, eager's traffic), rows per program, warps;
+[-ev][-r{maxnreg}][-fr{fold rows}][-fc{fold cols}]: fused (default), split or eager route (the
+small-batch route: a flush at every step, eager's traffic), rows per program, warps;
 -np buffer tiles loaded in the branch that uses them (not right after the cursor); -nt cursor
 pass instead of the ticket; -late also the state load after the buffered B tile (the first
 version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows per fold chunk
-of flushing programs (default 16); -fc columns per fold chunk (default: whole rows). Eager: e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole
-head). Variants map onto replayssm.triton.mamba2.OVERRIDE.
+of flushing programs (default 16); -fc columns per fold chunk (default: whole rows). Eager:
+e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
+replayssm.triton.mamba2.OVERRIDE.
 
 usage:  python3 tools/tune_mamba2.py [--deadline 185] [--models super,nano,ultra]
         python3 tools/tune_mamba2.py --only replay:256 --variants default,f32w4-np-nt-fc16
