@@ -260,7 +260,7 @@ BIG = {   # batch 256, Qwen3.5-122B: the wide search
                    EAGER(4, 1)],
 }
 # Small single-chunk programs at batch 256 (TUNE_MODES lean-f32, lean-dual-bf16, lean-bf16), after
-# the Mamba-2 replay step gained 10-42 % from 16-row, 1-warp programs with 72-80 registers
+# the Mamba-2 replay step took 10-42 % less time with 16-row, 1-warp programs of 72-80 registers
 # (docs/kernels.md, session 7). Each list starts with the shipped large-batch row. sm_90
 # registers of the output-only kernel (offline compile, Qwen3.5-122B b256; fp32 / dual bf16 /
 # bf16): shipped 96 / 168 / 168; R16 w2 80 / 96 / 95; R16 w1 136 / 128 / 128; R32 w2 128 / 96 / 96.

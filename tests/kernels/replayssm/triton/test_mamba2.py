@@ -325,16 +325,13 @@ def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, m
     assert run_steps(rs, rr, shape, idx, 5, torch.bfloat16, g, what=f"fold chunks {route} cols {fold_cols}") >= 2
 
 
-def test_replay_fold_cols_checked():
+def test_replay_fold_cols_checked(monkeypatch):
     """fold_cols must be 0 or a power of 2 >= 16 (a tl.dot operand dim)."""
     from replayssm.triton import mamba2 as tk
     for bad in (8, 24):
-        tk.OVERRIDE["replay"] = dict(fold_cols=bad)
-        try:
-            with pytest.raises(ValueError, match="fold_cols"):
-                tk.replay_variant(64, 4, 256, 128)
-        finally:
-            tk.OVERRIDE.clear()
+        monkeypatch.setitem(tk.OVERRIDE, "replay", dict(fold_cols=bad))
+        with pytest.raises(ValueError, match="fold_cols"):
+            tk.replay_variant(64, 4, 256, 128)
 
 
 @pytest.mark.parametrize("device", DEVICES)
