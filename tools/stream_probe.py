@@ -29,48 +29,45 @@ import triton.language as tl
 
 
 @triton.jit
-def _oneshot(s_ptr, c_ptr, y_ptr, idx_ptr, TPB, N: tl.constexpr, BP: tl.constexpr, INDIRECT: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    b = t // TPB
-    offs_p = tl.arange(0, BP)
-    offs_n = tl.arange(0, N)
-    tile = t
-    if INDIRECT:
-        tile = tl.load(idx_ptr + b).to(tl.int64) * TPB + t % TPB
-    S = tl.load(s_ptr + tile * BP * N + offs_p[:, None] * N + offs_n[None, :]).to(tl.float32)
-    c = tl.load(c_ptr + b * N + offs_n).to(tl.float32)
-    tl.store(y_ptr + t * BP + offs_p, tl.sum(S * c[None, :], axis=1))
-
-
-@triton.jit
-def _persist(s_ptr, c_ptr, y_ptr, idx_ptr, ntiles, TPB, N: tl.constexpr, BP: tl.constexpr,
-             INDIRECT: tl.constexpr, STAGES: tl.constexpr):
-    offs_p = tl.arange(0, BP)
-    offs_n = tl.arange(0, N)
-    for t in tl.range(tl.program_id(0), ntiles, tl.num_programs(0), num_stages=STAGES):
-        t64 = t.to(tl.int64)
-        b = t64 // TPB
-        tile = t64
-        if INDIRECT:
-            tile = tl.load(idx_ptr + b).to(tl.int64) * TPB + t64 % TPB
-        S = tl.load(s_ptr + tile * BP * N + offs_p[:, None] * N + offs_n[None, :]).to(tl.float32)
-        c = tl.load(c_ptr + b * N + offs_n).to(tl.float32)
-        tl.store(y_ptr + t64 * BP + offs_p, tl.sum(S * c[None, :], axis=1))
-
-
-@triton.jit
 def _tile_addr(idx_ptr, t, TPB, INDIRECT: tl.constexpr):
+    """Index of tile t in the state: t itself, or (INDIRECT) through its batch row's slot."""
     if INDIRECT:
         return tl.load(idx_ptr + t // TPB).to(tl.int64) * TPB + t % TPB
     return t
 
 
 @triton.jit
+def _reduce_store(S, c_ptr, y_ptr, t, TPB, N: tl.constexpr, BP: tl.constexpr):
+    """y[t * BP + rows] = S [BP, N] . C[t // TPB] (fp32)."""
+    c = tl.load(c_ptr + (t // TPB) * N + tl.arange(0, N)).to(tl.float32)
+    tl.store(y_ptr + t * BP + tl.arange(0, BP), tl.sum(S.to(tl.float32) * c[None, :], axis=1))
+
+
+@triton.jit
+def _tile_offsets(N: tl.constexpr, BP: tl.constexpr):
+    return tl.arange(0, BP)[:, None] * N + tl.arange(0, N)[None, :]
+
+
+@triton.jit
+def _oneshot(s_ptr, c_ptr, y_ptr, idx_ptr, TPB, N: tl.constexpr, BP: tl.constexpr, INDIRECT: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    S = tl.load(s_ptr + _tile_addr(idx_ptr, t, TPB, INDIRECT) * BP * N + _tile_offsets(N, BP))
+    _reduce_store(S, c_ptr, y_ptr, t, TPB, N, BP)
+
+
+@triton.jit
+def _persist(s_ptr, c_ptr, y_ptr, idx_ptr, ntiles, TPB, N: tl.constexpr, BP: tl.constexpr,
+             INDIRECT: tl.constexpr, STAGES: tl.constexpr):
+    for t in tl.range(tl.program_id(0), ntiles, tl.num_programs(0), num_stages=STAGES):
+        t64 = t.to(tl.int64)
+        S = tl.load(s_ptr + _tile_addr(idx_ptr, t64, TPB, INDIRECT) * BP * N + _tile_offsets(N, BP))
+        _reduce_store(S, c_ptr, y_ptr, t64, TPB, N, BP)
+
+
+@triton.jit
 def _persist_db(s_ptr, c_ptr, y_ptr, idx_ptr, ntiles, TPB, N: tl.constexpr, BP: tl.constexpr,
                 INDIRECT: tl.constexpr):
-    offs_p = tl.arange(0, BP)
-    offs_n = tl.arange(0, N)
-    offs = offs_p[:, None] * N + offs_n[None, :]
+    offs = _tile_offsets(N, BP)
     step = tl.num_programs(0)
     t = tl.program_id(0).to(tl.int64)
     tile = _tile_addr(idx_ptr, t, TPB, INDIRECT)
@@ -79,8 +76,7 @@ def _persist_db(s_ptr, c_ptr, y_ptr, idx_ptr, ntiles, TPB, N: tl.constexpr, BP: 
         tn = t + step
         tile_n = _tile_addr(idx_ptr, tl.minimum(tn, ntiles - 1), TPB, INDIRECT)
         Sn = tl.load(s_ptr + tile_n * BP * N + offs, mask=(tn < ntiles) & (offs >= 0), other=0.0)
-        c = tl.load(c_ptr + (t // TPB) * N + offs_n).to(tl.float32)
-        tl.store(y_ptr + t * BP + offs_p, tl.sum(S.to(tl.float32) * c[None, :], axis=1))
+        _reduce_store(S, c_ptr, y_ptr, t, TPB, N, BP)
         S = Sn
         t = tn
 
