@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Triton kernel tests on the GPU machine (real dims, CUDA graphs), within a time budget:
-#   source tools/device_env.sh; bash tools/gpu_tests.sh [SECONDS] [WORKERS]
+#   source tools/device_env.sh; bash tools/gpu_tests.sh [SECONDS] [WORKERS] [TEST PATHS...]
+# (default paths: tests/kernels/replayssm/triton)
 # Writes $OUT/gpu_pytest.log (one line per test as it finishes) and $OUT/gpu_failures.log (each
 # failure's traceback as it happens, tests/conftest.py), both complete even when the budget cuts
 # the run off. WORKERS (default 6): xdist processes sharing the one GPU; 14 ran out of time
@@ -8,11 +9,13 @@
 set -u
 BUDGET=${1:-280}
 WORKERS=${2:-6}
+shift $(( $# < 2 ? $# : 2 ))
+PATHS=("$@"); [ ${#PATHS[@]} -eq 0 ] && PATHS=(tests/kernels/replayssm/triton)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export REPLAYBENCH_FAILLOG="$OUT/gpu_failures.log"
 : > "$REPLAYBENCH_FAILLOG"
 timeout "$BUDGET" python3 -m pytest -n "$WORKERS" -v -rfE --durations=25 -p no:cacheprovider -o addopts="" \
-  tests/kernels/replayssm/triton > "$OUT/gpu_pytest.log" 2>&1
+  "${PATHS[@]}" > "$OUT/gpu_pytest.log" 2>&1
 rc=$?
 echo "pytest rc $rc (124: cut off by the ${BUDGET}s budget)" >> "$OUT/gpu_pytest.log"
 grep -cE " PASSED " "$OUT/gpu_pytest.log" | sed 's/^/passed: /'

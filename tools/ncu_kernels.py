@@ -44,9 +44,9 @@ def make_case(args, model: str):
     L, K = (args.L, args.K) if args.method in ("replay", "replay-dual") else (0, 0)
     lo = args.lo if args.method == "replay-dual" else "none"
     backend = "vllm" if args.method.startswith("vllm") else "triton"
-    return Case(case_id=make_case_id(model, args.method, backend, args.batch, L, K, 0, "float32", lo),
+    return Case(case_id=make_case_id(model, args.method, backend, args.batch, L, K, 0, args.state, lo),
                 runner="kernel", model=model, op=get_model(model).op, method=args.method, backend=backend,
-                batch=args.batch, buffer_len=L, flush_period=K, spec_window=0, state_dtype="float32",
+                batch=args.batch, buffer_len=L, flush_period=K, spec_window=0, state_dtype=args.state,
                 lo_dtype=lo, device="cuda")
 
 
@@ -67,6 +67,11 @@ def main() -> int:
     ap.add_argument("--K", type=int, default=16, help="flush period")
     ap.add_argument("--L", type=int, default=16, help="buffer length (replay, replay-dual)")
     ap.add_argument("--lo", default="bfloat16", help="read copy of replay-dual / spec-replay-dual (bfloat16, ...)")
+    ap.add_argument("--state", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="state dtype (eager, replay, vllm-eager; dual modes keep an fp32 high copy)")
+    ap.add_argument("--source-csv", default=None,
+                    help="also sample warp stalls per SASS instruction (SourceCounters) and write ncu's "
+                         "source page of the profiled launches to this CSV")
     ap.add_argument("--variant", default="default", help="a tune_spec.py variant name (spec-replay)")
     ap.add_argument("--kernels", default=".", help="ncu -k regex: kernels whose names match (default: all)")
     ap.add_argument("--count", type=int, default=2, help="profile the first COUNT matching launches")
@@ -82,6 +87,8 @@ def main() -> int:
         raise SystemExit(f"--method: unknown {args.method!r}; allowed: {', '.join(METHODS)}")
     if not args.method.endswith("-dual"):
         args.lo = "none"
+    if args.state != "float32" and (args.method.endswith("-dual") or args.method.startswith("spec")):
+        raise SystemExit(f"--state {args.state}: only eager, replay and vllm-eager take a 16-bit state")
     from replaybench.models import get_model
     from replaybench.ncu import ncu_path
     model = ts.MODELS[args.model]
@@ -95,12 +102,21 @@ def main() -> int:
         raise SystemExit("ncu not found (PATH, /usr/local/cuda, /opt/nvidia/nsight-compute)")
     cmd = [exe, "--clock-control", "none", "--profile-from-start", "off", "-k", f"regex:{args.kernels}",
            "--launch-count", str(args.count)]
-    for s in SECTIONS:
+    for s in SECTIONS + (("SourceCounters",) if args.source_csv else ()):
         cmd += ["--section", s]
+    rep = Path(args.source_csv).with_suffix(".ncu-rep") if args.source_csv else None
+    if rep:
+        cmd += ["-f", "-o", str(rep.with_suffix(""))]
     cmd += [sys.executable, __file__, "--child", json.dumps(dataclasses.asdict(case)), "--op", op,
             "--variant", args.variant]
     print(f"# {case.case_id} variant={args.variant}", flush=True)
-    return subprocess.run(cmd).returncode
+    rc = subprocess.run(cmd).returncode
+    if rep and rc == 0:
+        # the report was written instead of printed: print its details, then its source page
+        rc = subprocess.run([exe, "-i", str(rep), "--page", "details"]).returncode
+        with open(args.source_csv, "w") as f:
+            subprocess.run([exe, "-i", str(rep), "--page", "source", "--csv", "--print-source", "sass"], stdout=f)
+    return rc
 
 
 if __name__ == "__main__":
