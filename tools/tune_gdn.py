@@ -29,7 +29,8 @@ T0 = time.time()
 BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
 # TUNE_MODES: comma list of what to search, for a focused probe that fits a short device call:
 # batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16), their
-# small-program lists (lean-f32, lean-dual-bf16, lean-bf16) and b1 / b4 / b8 / b32 (fp32 eager vs
+# small-program lists (lean-f32, lean-dual-bf16, lean-bf16), flush-step lists (flush-dual-bf16,
+# flush-dual-fp8, flush-bf16) and b1 / b4 / b8 / b32 (fp32 eager vs
 # replay at that batch, both Qwen3.5 dims). Unset: everything, then batch
 # 1/32 and Qwen3.5-4B around this run's winners.
 FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
@@ -269,6 +270,21 @@ _LEAN_TILES = [rcfg(16, 2, split=True), rcfg(16, 1, split=True), rcfg(32, 2, spl
 LEAN = {"f32": [rcfg(32, 4, 4, 2, 2, 2, True)] + _LEAN_TILES,
         "dual-bf16": [rcfg(128, 4, 1, 4, 2, 2, True), rcfg(32, 4, 4, 2, 2, 2, True)] + _LEAN_TILES,
         "bf16": [rcfg(128, 4, 1, 4, 2, 2, True), rcfg(32, 4, 4, 2, 2, 2, True)] + _LEAN_TILES}
+# The flush-step launch of 16-bit high copies and of dual states (TUNE_MODES flush-dual-bf16,
+# flush-dual-fp8, flush-bf16), each beside the shipped output launch: its rank-1 fold (session
+# 7's default: Nsight Compute, Qwen3.5-122B b256: 151 us bf16 state, 215 us dual bf16, against
+# 183-189 us for the output launch) and FOLD_MMA (dual: U by the triangular solve; sm_90
+# registers, dual bf16 / fp8: 32 rows x 4 warps 255 + 296 / 284 bytes of spills, 16 x 4 249 / 255,
+# 32 x 8 255 + 100 spills; split P_PREC tf32 instead: 238, no spills).
+_OUT_BIG = dict(br=128, nw=4, nr=1, hp=4, pf=2, dist=2, split=True)
+_FLUSH_TILES = [dict(F_FOLD_MMA=False), dict(F_FOLD_MMA=True), dict(F_FOLD_MMA=True, F_BLOCK_V=16, F_num_warps=4),
+                dict(F_FOLD_MMA=True, F_BLOCK_V=16, F_num_warps=2), dict(F_FOLD_MMA=True, F_num_warps=8)]
+FLUSH = {"dual-bf16": [rcfg(**_OUT_BIG, **f) for f in _FLUSH_TILES]
+         + [rcfg(**_OUT_BIG, F_FOLD_MMA=True, F_P_PREC="tf32x3")],
+         "dual-fp8": [rcfg(**_OUT_BIG, **f) for f in _FLUSH_TILES],
+         "bf16": [rcfg(**_OUT_BIG, **f) for f in _FLUSH_TILES[:4]]}
+# TUNE_MODES names of the focused lists: (mode, configs)
+EXTRA = {**{f"lean-{m}": (m, c) for m, c in LEAN.items()}, **{f"flush-{m}": (m, c) for m, c in FLUSH.items()}}
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
                 rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True),
@@ -351,7 +367,7 @@ def job_list():
             if not FOCUS or mode in FOCUS:
                 jobs.append(("q122b", mode, 256, c))
     if FOCUS:
-        jobs += [("q122b", mode, 256, c) for mode, cfgs in LEAN.items() if f"lean-{mode}" in FOCUS for c in cfgs]
+        jobs += [("q122b", m, 256, c) for name, (m, cfgs) in EXTRA.items() if name in FOCUS for c in cfgs]
         for b in SMALL:
             if f"b{b}" in FOCUS:
                 jobs += [(m, mode, b, c) for m in ("q122b", "q4b") for mode, cfgs in SMALL[b].items() for c in cfgs]
@@ -672,7 +688,7 @@ def main():
     winners = {}
     if FOCUS:
         small = {f"b{b}" for b in SMALL}
-        lean = {f"lean-{m}" for m in LEAN}
+        lean = set(EXTRA)
         bad = sorted(set(FOCUS) - set(BIG) - small - lean)
         if bad:
             sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}, {', '.join(sorted(small | lean))}")
@@ -680,7 +696,7 @@ def main():
             run_vllm("q122b", "float32", 256)
         for mode in FOCUS:
             if mode in lean:
-                run_replay("q122b", mode[len("lean-"):], 256, LEAN[mode[len("lean-"):]])
+                run_replay("q122b", EXTRA[mode][0], 256, EXTRA[mode][1])
                 continue
             if mode in small:   # fp32 eager vs replay at a small batch, both Qwen3.5 dims
                 b = int(mode[1:])

@@ -708,6 +708,7 @@ def _gdn_flush_step_kernel(
     HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
+    P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves.
 
@@ -722,14 +723,20 @@ def _gdn_flush_step_kernel(
     The cursor of every live row is written once (worker block (0, 0)): 0 after a flush, else
     n + 1. Nothing is read that a program of this launch writes. Programs with nothing to
     fold exit after one load.
-    FOLD_MMA (the default for non-dual high copies of 32 bits; the step 20 % faster on the
-    H200, docs/kernels.md session 5): a worker visits only its own ranks (w, w + NW, ... <
+    FOLD_MMA (the default for high copies of 16 and 32 bits; the fp32 step 20 % faster on
+    the H200, docs/kernels.md session 5): a worker visits only its own ranks (w, w + NW, ... <
     the number of flushing rows; one reduction each, not up to three for each of NT rank
-    slots), and the non-dual fold is one matrix product per chunk, F = (U * w) Kb with U
-    [rows, L] the stored u, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb [L, dk] the raw keys
-    (FOLD_PREC, default "tf32x3" ~2^-22: the truncation split "tf32x2t" spills at 32 rows x 4
-    warps on sm_90; bf16 keys are exact in tf32), instead of L rank-1 updates that each reduce
-    their key's norm across the program.
+    slots), and the fold is one matrix product per chunk, F = (U * w) Kb with U [rows, L] the
+    u rows, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb [L, dk] the raw keys (FOLD_PREC,
+    default "tf32x3" ~2^-22: the truncation split "tf32x2t" spills at 32 rows x 4 warps on
+    sm_90; bf16 keys are exact in tf32), instead of L rank-1 updates that each reduce their
+    key's norm across the program. Non-dual, U is the stored u. Dual, U is recomputed against
+    the high chunk S_0 in closed form instead of entry by entry: with A_i = e^{c_i},
+        u_j + sum_{m<j} M_mj u_m = beta_j (v_j - A_j S_0 k_j),  M_mj = beta_j e^{c_j - c_m} (k_m . k_j),
+    so U = R (I + M)^-1 with R [rows, L] from one product S_0 Kb^T (P_PREC) and the inverse of the
+    unit triangular [L, L] matrix from the keys' Gram matrix (GRAM_PREC) once per head
+    (_unit_tri_inv, SMALL_PREC) -- the algebra of the sequential recurrence, no low-copy value
+    involved.
     """
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
@@ -772,7 +779,7 @@ def _gdn_flush_step_kernel(
                 b = tl.sum(tl.where(pick, bb, 0), 0).to(tl.int64)
                 n = tl.sum(tl.where(pick, nb, 0), 0)          # entries 0..n are folded
             slot64 = tl.load(idx_ptr + b).to(tl.int64)
-            if FOLD_MMA and not DUAL:   # per-sequence fold weights and keys, shared by the chunks
+            if FOLD_MMA:   # per-sequence keys, shared by the chunks
                 ll = tl.arange(0, BLOCK_L)
                 lm = ll <= n
                 ent = slot64 * L + ll
@@ -783,6 +790,9 @@ def _gdn_flush_step_kernel(
             if DUAL:
                 qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
                 qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
+                if FOLD_MMA:   # k_m . k_j of the normalised keys [BL, BL] (rows / columns past n: 0)
+                    KK = mm(kb, tl.trans(kb), GRAM_PREC, INTERP) * rk[:, None] * rk[None, :]
+                    ups = (ll[:, None] < ll[None, :]) & lm[None, :]                      # m < j <= n
             for c in tl.static_range(PF_DIST):
                 if c < NJ:
                     if not INTERP:
@@ -803,7 +813,24 @@ def _gdn_flush_step_kernel(
                 tile = row[:, None] * DK + cols[None, :]
                 m2 = rm[:, None] & cmask[None, :]
                 S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
-                if DUAL:
+                if DUAL and FOLD_MMA:
+                    el = ent * HV + h
+                    gl = tl.load(gb_ptr + el, mask=lm, other=0.0).to(tl.float32)
+                    bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
+                    V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
+                                other=0.0).to(tl.float32)                          # [rows, BL] raw v
+                    cl = tl.cumsum(gl, 0)
+                    Cn = tl.sum(gl, 0)
+                    M = tl.where(ups, bl[None, :] * tl.exp(tl.where(ups, cl[None, :] - cl[:, None], 0.0)) * KK, 0.0)
+                    inv = _unit_tri_inv(M, ll, BLOCK_L, SMALL_PREC, INTERP)
+                    P = mm(S, tl.trans(kf), P_PREC, INTERP)                       # S_0 k_i (raw keys)
+                    U = mm(bl[None, :] * (V - (tl.exp(cl) * rk)[None, :] * P), inv, SMALL_PREC, INTERP)
+                    wl = tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)                   # exponents <= 0
+                    S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
+                    o = tl.sum(S * qn[None, :], 1)
+                    tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                    _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
+                elif DUAL:
                     for i in tl.static_range(L):    # unrolled: every entry's loads issue up front
                         i_ok = i <= n
                         ei_ = (slot64 * L + i) * HV + h
@@ -946,6 +973,32 @@ def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm
 
 
 @triton.jit
+def _unit_tri_inv(M, tt, BLOCK_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
+    """(I + M)^-1 [BT, BT] for M strictly upper triangular (so nilpotent, M^BT = 0):
+    sum_{k < BT} (-M)^k = (I - M)(I + M^2)(I + M^4)...(I + M^(BT/2)), log2(BT) rounds of
+    products instead of BT dependent substitution steps; tt = arange(BT), BT <= 64."""
+    eye = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0)
+    inv = eye - M
+    P = M
+    if BLOCK_T > 2:
+        P = mm(P, P, PREC, INTERP)                  # M^2
+        inv = mm(inv, eye + P, PREC, INTERP)
+    if BLOCK_T > 4:
+        P = mm(P, P, PREC, INTERP)                  # M^4
+        inv = mm(inv, eye + P, PREC, INTERP)
+    if BLOCK_T > 8:
+        P = mm(P, P, PREC, INTERP)                  # M^8
+        inv = mm(inv, eye + P, PREC, INTERP)
+    if BLOCK_T > 16:
+        P = mm(P, P, PREC, INTERP)                  # M^16
+        inv = mm(inv, eye + P, PREC, INTERP)
+    if BLOCK_T > 32:
+        P = mm(P, P, PREC, INTERP)                  # M^32
+        inv = mm(inv, eye + P, PREC, INTERP)
+    return inv
+
+
+@triton.jit
 def _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale, EPS: tl.constexpr,
                   BLOCK_T: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr):
     """Per (sequence, head) coefficients of the verify solve (see _gdn_verify_kernel):
@@ -964,13 +1017,7 @@ def _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale
     ups = (tt[:, None] < tt[None, :]) & tmask[None, :]                         # m < j < T
     dec = tl.exp(tl.where(ups | (tt[:, None] == tt[None, :]), Dc[None, :] - Dc[:, None], -float("inf")))
     M = tl.where(ups, bd[None, :] * dec * KK, 0.0)
-    eye = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0)
-    M2 = mm(M, M, SMALL_PREC, INTERP)
-    M4 = mm(M2, M2, SMALL_PREC, INTERP)
-    inv = mm(eye - M, eye + M2, SMALL_PREC, INTERP)
-    inv = mm(inv, eye + M4, SMALL_PREC, INTERP)
-    if BLOCK_T > 8:
-        inv = mm(inv, eye + mm(M4, M4, SMALL_PREC, INTERP), SMALL_PREC, INTERP)
+    inv = _unit_tri_inv(M, tt, BLOCK_T, SMALL_PREC, INTERP)
     Mq = tl.where((tt[:, None] <= tt[None, :]) & tmask[None, :], dec * KQ, 0.0)
     return rk, rq, GKw, GQw, tl.exp(Cn), tl.exp(Dc), inv, Mq
 
@@ -1338,11 +1385,15 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                      HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                      NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                      HI_LPR=hi_lpr, HI_LS=hi_ls, **ck_meta)
-        # FOLD_MMA (see the kernel): fp32 high copy, no dual, tiles tl.dot takes (>= 16)
-        if (fc.get("FOLD_MMA") and not dual and rs.hi.data.dtype == torch.float32
-                and min(fm["BLOCK_R"], cfg["BLOCK_K"]) >= 16):
+        # FOLD_MMA (see the kernel): a 16- or 32-bit high copy (fp8 keeps its rank-1 fold), tiles
+        # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv)
+        if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
+                and min(fm["BLOCK_R"], cfg["BLOCK_K"]) >= 16 and L <= 64):
             fmeta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
-                         FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
+                         FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"),
+                         P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
+                         SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
+                         GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
         plans.append((_gdn_flush_step_kernel, fgrid, fargs, fmeta))
     return plans
 

@@ -183,8 +183,19 @@ REPLAY_CASES = [
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
     ("f32-gqa-split-foldmma-bf16", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
-    # the rank-1 fold (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
+    # 16-bit high copy: the same product, quantised on store
+    ("bf16-state-tall-split-foldmma", TALL, "replay", "bfloat16", None, torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": True}),
+    # dual: u recomputed against the high copy by the triangular solve, low copy refreshed
+    # (long flush periods: test_flush_step_fold_mma_long_windows)
+    ("dual-bf16-tall-split-foldmma", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
+    ("dual-fp8-gqa-split-foldmma", GQA, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
+     {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
+    # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
     ("f32-tall-split-rank1", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
+    ("dual-bf16-tall-split-rank1", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
 ]
 FOLD_ROUTE_CASES = [c for c in REPLAY_CASES if "F_FOLD_MMA" in (c[-1] or {})]
@@ -215,14 +226,15 @@ def test_verify_precision_defaults(monkeypatch):
     assert (meta["S_PREC"], meta["SMALL_PREC"], meta["K_PREC"]) == ("tf32x3",) * 3
 
 
-def test_fold_mma_is_the_default_for_fp32_high_copies():
+def test_fold_mma_is_the_default_for_16_and_32_bit_high_copies():
     from replayssm.triton import gdn as TK
-    for mode, lo, want in (("replay", None, True), ("dual", "bfloat16", False)):
-        rs, _ = make_pair(TALL, 4, 6, 4, mode, "float32", lo, torch.bfloat16, gen(3))
+    for mode, sd, lo in (("replay", "float32", None), ("dual", "float32", "bfloat16"),
+                         ("dual", "float32", "float8_e4m3"), ("replay", "bfloat16", None)):
+        rs, _ = make_pair(TALL, 4, 6, 4, mode, sd, lo, torch.bfloat16, gen(3))
         x = step_inputs(TALL, 3, torch.bfloat16, gen(4))
         plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"],
                                config={"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16})
-        assert bool(plans[1][3].get("FOLD_MMA")) is want, mode
+        assert plans[1][3].get("FOLD_MMA") is True, (mode, sd, lo)
 
 
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
@@ -245,6 +257,37 @@ def test_replay_matches_reference(case):
         assert (o[idx < 0] == 0).all()
         state_check(rs, rr, f"{name} step {step}")
     assert flushes >= 3, f"only {flushes} flush steps exercised"
+
+
+@pytest.mark.parametrize("sh,mode,sd,lo,L,K", [(TALL, "dual", "float32", "bfloat16", 12, 11),
+                                               (GQA, "dual", "float32", "float8_e4m3", 20, 18),
+                                               (TALL, "replay", "bfloat16", None, 20, 17)],
+                         ids=["dual-bf16-K11", "dual-fp8-K18", "bf16-state-K17"])
+def test_flush_step_fold_mma_long_windows(sh, mode, sd, lo, L, K):
+    # FOLD_MMA flush steps that fold up to K entries: K > 8 needs the M^8 factor of the dual
+    # solve's inverse, K > 16 a 32-entry block (the M^16 factor). Cursors start within 3 of
+    # the flush, every row steps every time: each sequence flushes within the 4 steps.
+    g = gen(11)
+    cfg = {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": True}
+    rs, rr = make_pair(sh, 3, L, K, mode, sd, lo, torch.float32, g)
+    start = (K - 1 - torch.randint(0, 3, (3,), generator=g)).to(torch.int32)
+    rs.cursor.copy_(start)
+    rr.cursor.copy_(start)
+    assert flush_step_meta(rs, sh, cfg)["FOLD_MMA"] is True
+    for step in range(4):
+        x = step_inputs(sh, 3, torch.float32, g)
+        o = GD.replay_step(rs, **x, config=cfg)
+        o_ref = R.gdn_replay_step(rr, **x)
+        assert rel_err(o, o_ref) <= out_tol(torch.float32), f"step {step}: {rel_err(o, o_ref):.3g}"
+        state_check(rs, rr, f"step {step}")
+    assert (rr.cursor < start).all(), "every sequence must have flushed"
+
+
+def flush_step_meta(rs, sh, cfg):
+    """The flush-step launch's meta for a 3-row step of this state under cfg."""
+    from replayssm.triton import gdn as TK
+    x = step_inputs(sh, 3, torch.float32, gen(4))
+    return TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)[1][3]
 
 
 @pytest.mark.parametrize("mode,lo,sd", [("replay", None, "float32"), ("dual", "bfloat16", "float32"),
