@@ -709,6 +709,7 @@ def _gdn_flush_step_kernel(
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
+    P_CHUNK: tl.constexpr = 0,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves.
 
@@ -823,7 +824,18 @@ def _gdn_flush_step_kernel(
                     Cn = tl.sum(gl, 0)
                     M = tl.where(ups, bl[None, :] * tl.exp(tl.where(ups, cl[None, :] - cl[:, None], 0.0)) * KK, 0.0)
                     inv = _unit_tri_inv(M, ll, BLOCK_L, SMALL_PREC, INTERP)
-                    P = mm(S, tl.trans(kf), P_PREC, INTERP)                       # S_0 k_i (raw keys)
+                    if P_CHUNK == 0:
+                        P = mm(S, tl.trans(kf), P_PREC, INTERP)                   # S_0 k_i (raw keys)
+                    else:   # P_CHUNK columns per product, each from a zero accumulator, summed in fp32:
+                        # the tensor cores' truncating accumulation then spans P_CHUNK columns, not dk
+                        P = tl.zeros([BLOCK_R, BLOCK_L], tl.float32)
+                        for cc in tl.static_range(BLOCK_K // P_CHUNK):
+                            pc = cc * P_CHUNK + tl.arange(0, P_CHUNK)
+                            Sc = _ckpt_load(hi_ptr, hi_sc_ptr, row[:, None] * DK + pc[None, :], row,
+                                            rm[:, None] & (pc < DK)[None, :], rm, HI_FP8)
+                            Kc = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + pc[None, :],
+                                         mask=lm[:, None] & (pc < DK)[None, :], other=0.0)
+                            P += mm(Sc, tl.trans(Kc), P_PREC, INTERP)
                     U = mm(bl[None, :] * (V - (tl.exp(cl) * rk)[None, :] * P), inv, SMALL_PREC, INTERP)
                     wl = tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)                   # exponents <= 0
                     S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
@@ -1393,7 +1405,8 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                          FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"),
                          P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
                          SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
-                         GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
+                         GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
+                         P_CHUNK=min(int(fc.get("P_CHUNK", 0)), cfg["BLOCK_K"]))
         plans.append((_gdn_flush_step_kernel, fgrid, fargs, fmeta))
     return plans
 
