@@ -800,91 +800,95 @@ def _gdn_flush_step_kernel(
                         _hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
                                        + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
                               HI_LPR, HI_LS, PF, INTERP)
-            for j in range(NJ):
-                h = h0 + j // NR
-                rr = r0 + (j % NR) * BLOCK_R + ar
-                rm = rr < DV
-                row = (slot64 * HV + h) * DV + rr
-                cn = j + PF_DIST
-                if cn < NJ:
-                    if not INTERP:
-                        _hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
-                                       + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                              HI_LPR, HI_LS, PF, INTERP)
-                tile = row[:, None] * DK + cols[None, :]
-                m2 = rm[:, None] & cmask[None, :]
-                S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
-                if DUAL and FOLD_MMA:
+            for hh in range(HP):
+                h = h0 + hh
+                if FOLD_MMA:   # per-head coefficients, shared by the head's NR chunks
                     el = ent * HV + h
                     gl = tl.load(gb_ptr + el, mask=lm, other=0.0).to(tl.float32)
-                    bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
-                    V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
-                                other=0.0).to(tl.float32)                          # [rows, BL] raw v
                     cl = tl.cumsum(gl, 0)
                     Cn = tl.sum(gl, 0)
-                    M = tl.where(ups, bl[None, :] * tl.exp(tl.where(ups, cl[None, :] - cl[:, None], 0.0)) * KK, 0.0)
-                    inv = _unit_tri_inv(M, ll, BLOCK_L, SMALL_PREC, INTERP)
-                    if P_CHUNK == 0:
-                        P = mm(S, tl.trans(kf), P_PREC, INTERP)                   # S_0 k_i (raw keys)
-                    else:   # P_CHUNK columns per product, each from a zero accumulator, summed in fp32:
-                        # the tensor cores' truncating accumulation then spans P_CHUNK columns, not dk
-                        P = tl.zeros([BLOCK_R, BLOCK_L], tl.float32)
-                        for cc in tl.static_range(BLOCK_K // P_CHUNK):
-                            pc = cc * P_CHUNK + tl.arange(0, P_CHUNK)
-                            Sc = _ckpt_load(hi_ptr, hi_sc_ptr, row[:, None] * DK + pc[None, :], row,
-                                            rm[:, None] & (pc < DK)[None, :], rm, HI_FP8)
-                            Kc = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + pc[None, :],
-                                         mask=lm[:, None] & (pc < DK)[None, :], other=0.0)
-                            P += mm(Sc, tl.trans(Kc), P_PREC, INTERP)
-                    U = mm(bl[None, :] * (V - (tl.exp(cl) * rk)[None, :] * P), inv, SMALL_PREC, INTERP)
                     wl = tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)                   # exponents <= 0
-                    S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
-                    o = tl.sum(S * qn[None, :], 1)
-                    tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
-                    _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
-                elif DUAL:
-                    for i in tl.static_range(L):    # unrolled: every entry's loads issue up front
-                        i_ok = i <= n
-                        ei_ = (slot64 * L + i) * HV + h
-                        ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
-                                     other=0.0).to(tl.float32)
-                        ki = ki * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)
-                        vi = tl.load(vb_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
-                        ai = tl.where(i_ok, tl.exp(tl.load(gb_ptr + ei_).to(tl.float32)), 1.0)
-                        bi = tl.where(i_ok, tl.load(bb_ptr + ei_).to(tl.float32), 0.0)
-                        ui = bi * (vi - ai * tl.sum(S * ki[None, :], 1))
-                        S = ai * S + ui[:, None] * ki[None, :]
-                    o = tl.sum(S * qn[None, :], 1)
-                    tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
-                    _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
-                elif FOLD_MMA:
-                    gl = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-                    Cn = tl.sum(gl, 0)
-                    wl = tl.where(lm, tl.exp(Cn - tl.cumsum(gl, 0)) * rk, 0.0)                # exponents <= 0
-                    U = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
-                                other=0.0).to(tl.float32)                           # [rows, BL] stored u
-                    S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
-                else:
-                    wrun = 1.0    # w_i = prod_{i < j <= n} alpha_j, from the newest entry down
-                    F = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
-                    if HI_FP8 or hi_ptr.dtype.element_ty.primitive_bitwidth < 32:   # (quantising stores need
-                        # the registers: a rolled loop)
-                        for ii in range(L):
-                            F, wrun = _stored_entry(F, wrun, L - 1 - ii, n, slot64, h, kh, rr, rm, cols, cmask,
-                                                    ub_ptr, kb_ptr, gb_ptr, HV, HK, DK, DV, L, EPS)
-                    else:         # unrolled: every entry's loads issue up front
-                        for ii in tl.static_range(L):
-                            i = L - 1 - ii
+                    if DUAL:
+                        bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
+                        M = tl.where(ups, bl[None, :] * tl.exp(tl.where(ups, cl[None, :] - cl[:, None], 0.0)) * KK,
+                                     0.0)
+                        X = _unit_tri_inv_minus_eye(M, BLOCK_L, SMALL_PREC, INTERP)   # (I + M)^-1 - I
+                        rc = tl.exp(cl) * rk
+                for jr in range(NR):
+                    j = hh * NR + jr
+                    rr = r0 + jr * BLOCK_R + ar
+                    rm = rr < DV
+                    row = (slot64 * HV + h) * DV + rr
+                    cn = j + PF_DIST
+                    if cn < NJ:
+                        if not INTERP:
+                            _hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
+                                           + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                                  HI_LPR, HI_LS, PF, INTERP)
+                    tile = row[:, None] * DK + cols[None, :]
+                    m2 = rm[:, None] & cmask[None, :]
+                    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
+                    if DUAL and FOLD_MMA:
+                        V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
+                                    other=0.0).to(tl.float32)                      # [rows, BL] raw v
+                        if P_CHUNK == 0:
+                            P = mm(S, tl.trans(kf), P_PREC, INTERP)                   # S_0 k_i (raw keys)
+                        else:   # P_CHUNK columns per product, each from a zero accumulator, summed in fp32:
+                            # the tensor cores' truncating accumulation then spans P_CHUNK columns, not dk
+                            P = tl.zeros([BLOCK_R, BLOCK_L], tl.float32)
+                            for cc in tl.static_range(BLOCK_K // P_CHUNK):
+                                pc = cc * P_CHUNK + tl.arange(0, P_CHUNK)
+                                Sc = _ckpt_load(hi_ptr, hi_sc_ptr, row[:, None] * DK + pc[None, :], row,
+                                                rm[:, None] & (pc < DK)[None, :], rm, HI_FP8)
+                                Kc = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + pc[None, :],
+                                             mask=lm[:, None] & (pc < DK)[None, :], other=0.0)
+                                P += mm(Sc, tl.trans(Kc), P_PREC, INTERP)
+                        R_ = bl[None, :] * (V - rc[None, :] * P)
+                        U = R_ + mm(R_, X, SMALL_PREC, INTERP)                     # R (I + M)^-1
+                        S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
+                        o = tl.sum(S * qn[None, :], 1)
+                        tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                        _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
+                    elif DUAL:
+                        for i in tl.static_range(L):    # unrolled: every entry's loads issue up front
                             i_ok = i <= n
                             ei_ = (slot64 * L + i) * HV + h
                             ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
                                          other=0.0).to(tl.float32)
-                            ui = tl.load(ub_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
-                            F += ((wrun * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)) * ui)[:, None] * ki[None, :]
-                            wrun = tl.where(i_ok, wrun * tl.exp(tl.load(gb_ptr + ei_, mask=i_ok, other=0.0)
-                                                                .to(tl.float32)), wrun)
-                    S = wrun * S + F
-                _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
+                            ki = ki * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)
+                            vi = tl.load(vb_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
+                            ai = tl.where(i_ok, tl.exp(tl.load(gb_ptr + ei_).to(tl.float32)), 1.0)
+                            bi = tl.where(i_ok, tl.load(bb_ptr + ei_).to(tl.float32), 0.0)
+                            ui = bi * (vi - ai * tl.sum(S * ki[None, :], 1))
+                            S = ai * S + ui[:, None] * ki[None, :]
+                        o = tl.sum(S * qn[None, :], 1)
+                        tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                        _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
+                    elif FOLD_MMA:
+                        U = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
+                                    other=0.0).to(tl.float32)                           # [rows, BL] stored u
+                        S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
+                    else:
+                        wrun = 1.0    # w_i = prod_{i < j <= n} alpha_j, from the newest entry down
+                        F = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
+                        if HI_FP8 or hi_ptr.dtype.element_ty.primitive_bitwidth < 32:   # (quantising stores need
+                            # the registers: a rolled loop)
+                            for ii in range(L):
+                                F, wrun = _stored_entry(F, wrun, L - 1 - ii, n, slot64, h, kh, rr, rm, cols, cmask,
+                                                        ub_ptr, kb_ptr, gb_ptr, HV, HK, DK, DV, L, EPS)
+                        else:         # unrolled: every entry's loads issue up front
+                            for ii in tl.static_range(L):
+                                i = L - 1 - ii
+                                i_ok = i <= n
+                                ei_ = (slot64 * L + i) * HV + h
+                                ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
+                                             other=0.0).to(tl.float32)
+                                ui = tl.load(ub_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
+                                F += ((wrun * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)) * ui)[:, None] * ki[None, :]
+                                wrun = tl.where(i_ok, wrun * tl.exp(tl.load(gb_ptr + ei_, mask=i_ok, other=0.0)
+                                                                    .to(tl.float32)), wrun)
+                        S = wrun * S + F
+                    _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
 
 
 # ----------------------------------------------------------------------------- fold
@@ -985,29 +989,31 @@ def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm
 
 
 @triton.jit
-def _unit_tri_inv(M, tt, BLOCK_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
-    """(I + M)^-1 [BT, BT] for M strictly upper triangular (so nilpotent, M^BT = 0):
-    sum_{k < BT} (-M)^k = (I - M)(I + M^2)(I + M^4)...(I + M^(BT/2)), log2(BT) rounds of
-    products instead of BT dependent substitution steps; tt = arange(BT), BT <= 64."""
-    eye = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0)
-    inv = eye - M
+def _unit_tri_inv_minus_eye(M, BLOCK_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
+    """X = (I + M)^-1 - I [BT, BT] for M strictly upper triangular (so nilpotent, M^BT = 0):
+    (I + M)^-1 = sum_{k < BT} (-M)^k = (I - M)(I + M^2)(I + M^4)...(I + M^(BT/2)), log2(BT)
+    rounds of products instead of BT dependent substitution steps. Kept as X, one round being
+    X' = X + P + X P (P the next power): each product's rounding error is relative to X P,
+    not to the identity (what (I + X)(I + P) would carry), and R (I + M)^-1 = R + R X likewise.
+    BT <= 64."""
+    X = -M
     P = M
     if BLOCK_T > 2:
         P = mm(P, P, PREC, INTERP)                  # M^2
-        inv = mm(inv, eye + P, PREC, INTERP)
+        X = X + P + mm(X, P, PREC, INTERP)
     if BLOCK_T > 4:
         P = mm(P, P, PREC, INTERP)                  # M^4
-        inv = mm(inv, eye + P, PREC, INTERP)
+        X = X + P + mm(X, P, PREC, INTERP)
     if BLOCK_T > 8:
         P = mm(P, P, PREC, INTERP)                  # M^8
-        inv = mm(inv, eye + P, PREC, INTERP)
+        X = X + P + mm(X, P, PREC, INTERP)
     if BLOCK_T > 16:
         P = mm(P, P, PREC, INTERP)                  # M^16
-        inv = mm(inv, eye + P, PREC, INTERP)
+        X = X + P + mm(X, P, PREC, INTERP)
     if BLOCK_T > 32:
         P = mm(P, P, PREC, INTERP)                  # M^32
-        inv = mm(inv, eye + P, PREC, INTERP)
-    return inv
+        X = X + P + mm(X, P, PREC, INTERP)
+    return X
 
 
 @triton.jit
@@ -1029,7 +1035,7 @@ def _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale
     ups = (tt[:, None] < tt[None, :]) & tmask[None, :]                         # m < j < T
     dec = tl.exp(tl.where(ups | (tt[:, None] == tt[None, :]), Dc[None, :] - Dc[:, None], -float("inf")))
     M = tl.where(ups, bd[None, :] * dec * KK, 0.0)
-    inv = _unit_tri_inv(M, tt, BLOCK_T, SMALL_PREC, INTERP)
+    inv = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0) + _unit_tri_inv_minus_eye(M, BLOCK_T, SMALL_PREC, INTERP)
     Mq = tl.where((tt[:, None] <= tt[None, :]) & tmask[None, :], dec * KQ, 0.0)
     return rk, rq, GKw, GQw, tl.exp(Cn), tl.exp(Dc), inv, Mq
 
