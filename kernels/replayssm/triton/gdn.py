@@ -84,9 +84,16 @@ CONFIGS: dict[str, list[tuple]] = {
     "replay:1": [(4, 8, 1, {"PREFETCH": True}),
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 128, 4, _BIG_READ)],
-    # FOLD_MMA (fp32 non-dual high copies only): Qwen3.5-122B b256 step 450 us vs 563 us with
-    # rank-1 folds, same config otherwise (tools/tune_gdn.py)
+    # FOLD_MMA, Qwen3.5-122B b256 step vs rank-1 folds, same config otherwise (tools/tune_gdn.py):
+    # fp32 450 vs 563 us (session 5), bf16 state 246 vs 346 us (session 8)
     "flush_step": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    # dual states (u recomputed by the triangular solve): 16 rows x 2 warps, a whole head (NR 8:
+    # one inverse per head) per program, the small products in Triton's "tf32x3". Qwen3.5-122B
+    # b256, dual bf16: 290 us (NR 8) vs 329 (NR 1) and 406 rank-1; dual fp8 278 vs 404 us
+    # (tune_gdn_flush_dual2.txt; high-copy error after 3 steps 1e-5 with "tf32x3t", 5.8e-6 with
+    # "tf32x3" at NR 1, 2.5-3.2e-6 with "ieee", which spills at this tile; rank-1: 4.5e-7)
+    "flush_step_dual": [(None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+                                       "SMALL_PREC": "tf32x3"})],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
     "verify":   [(4, 16, 1), (None, 64, 2)],
@@ -1391,7 +1398,8 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                 RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, **rm, **ck_meta)
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
-        fc = pick_config("flush_step", batch, dv, dk, L, None, state_bytes=rs.hi.data.element_size())
+        fc = pick_config("flush_step_dual" if dual else "flush_step", batch, dv, dk, L, None,
+                         state_bytes=rs.hi.data.element_size())
         fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
         fc["BLOCK_V"] = min(fc["BLOCK_V"], triton.next_power_of_2(dv))
         fm = replay_meta(fc, L, dv, Hv // Hk, rs.flush_period)

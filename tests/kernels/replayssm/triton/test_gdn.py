@@ -551,8 +551,11 @@ def test_kernels_compile_for_hopper_without_spills():
     for name, u in use.items():
         assert u["local"] == 0 and u["stack"] == 0, f"{name} spills: {u}"
         # verify: the H200-measured fastest launch (64 rows / 2 warps, tools/tune_spec.py) holds
-        # ~250 registers, i.e. 4 programs per SM; the streaming kernels need <= 192 for occupancy
-        limit = 255 if name.startswith("verify") else 192
+        # ~250 registers, i.e. 4 programs per SM; so does the dual flush step (the triangular
+        # solve; it moves 1/K of the states; tools/tune_gdn.py flush-dual-*); the streaming
+        # kernels need <= 192 for occupancy
+        dual_flush = name.startswith("replay dual") and name.endswith("launch 1")
+        limit = 255 if name.startswith("verify") or dual_flush else 192
         assert u["regs"] <= limit, f"{name}: {u['regs']} registers/thread (occupancy)"
 
 
