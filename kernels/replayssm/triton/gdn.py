@@ -1028,7 +1028,7 @@ def _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale
                   BLOCK_T: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr):
     """Per (sequence, head) coefficients of the verify solve (see _gdn_verify_kernel):
     rk, rq [T] norm factors (q's with the scale), GKw = w * GK * rk, GQw [L, T] (rows >= n: 0),
-    eC = e^C, eD [T] = e^{D_j}, inv = (I + M)^-1 [T, T], Mq [T, T]."""
+    eC = e^C, eD [T] = e^{D_j}, X = (I + M)^-1 - I [T, T] (_unit_tri_inv_minus_eye), Mq [T, T]."""
     rk = tl.rsqrt(nk + EPS)
     rq = tl.rsqrt(nq + EPS) * scale
     c = tl.cumsum(gch, 0)
@@ -1042,14 +1042,14 @@ def _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale
     ups = (tt[:, None] < tt[None, :]) & tmask[None, :]                         # m < j < T
     dec = tl.exp(tl.where(ups | (tt[:, None] == tt[None, :]), Dc[None, :] - Dc[:, None], -float("inf")))
     M = tl.where(ups, bd[None, :] * dec * KK, 0.0)
-    inv = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0) + _unit_tri_inv_minus_eye(M, BLOCK_T, SMALL_PREC, INTERP)
+    X = _unit_tri_inv_minus_eye(M, BLOCK_T, SMALL_PREC, INTERP)
     Mq = tl.where((tt[:, None] <= tt[None, :]) & tmask[None, :], dec * KQ, 0.0)
-    return rk, rq, GKw, GQw, tl.exp(Cn), tl.exp(Dc), inv, Mq
+    return rk, rq, GKw, GQw, tl.exp(Cn), tl.exp(Dc), X, Mq
 
 
 @triton.jit
 def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm, tt,
-                 tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, inv, Mq,
+                 tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, X, Mq,
                  svb, svt, svh, sob, sot, soh, HV: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
                  RD_FP8: tl.constexpr, DUAL: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr):
     """Outputs of one row tile from its raw state dots SK, SQ [BV, T]: adds the buffer, solves
@@ -1065,7 +1065,7 @@ def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr,
     SKn = eC * (SK * rk[None, :]) + mm(Ut, GKw, SMALL_PREC, INTERP)           # S_{n-1} k_j
     SQn = eC * (SQ * rq[None, :]) + mm(Ut, GQw, SMALL_PREC, INTERP)           # S_{n-1} q_j
     R = bd[None, :] * (Vd - eD[None, :] * SKn)
-    Ud = mm(R, inv, SMALL_PREC, INTERP)                                       # drafts' u [BV, BT]
+    Ud = R + mm(R, X, SMALL_PREC, INTERP)                                   # drafts' u = R (I + X) [BV, BT]
     O = eD[None, :] * SQn + mm(Ud, Mq, SMALL_PREC, INTERP)
     tl.store(o_ptr + b * sob + tt[None, :] * sot + h * soh + rows[:, None], cast(O, o_ptr.dtype.element_ty, INTERP),
              mask=rmask[:, None] & tmask[None, :])
@@ -1094,12 +1094,12 @@ def _verify_slot(idx_ptr, b, T: tl.constexpr, L: tl.constexpr, BLOCK_T: tl.const
 @triton.jit
 def _coef_offsets(T: tl.constexpr, BLOCK_L: tl.constexpr):
     """Offsets of the parts of one (sequence, head) coefficient record (fp32, compact: T real
-    columns): GKw, GQw [BLOCK_L, T]; inv, Mq [T, T]; rk, rq, eD, bd [T]; eC."""
+    columns): GKw, GQw [BLOCK_L, T]; X = (I + M)^-1 - I, Mq [T, T]; rk, rq, eD, bd [T]; eC."""
     o_gq: tl.constexpr = BLOCK_L * T
-    o_inv: tl.constexpr = 2 * BLOCK_L * T
-    o_mq: tl.constexpr = o_inv + T * T
+    o_x: tl.constexpr = 2 * BLOCK_L * T
+    o_mq: tl.constexpr = o_x + T * T
     o_vec: tl.constexpr = o_mq + T * T
-    return o_gq, o_inv, o_mq, o_vec
+    return o_gq, o_x, o_mq, o_vec
 
 
 @triton.jit
@@ -1127,9 +1127,9 @@ def _gdn_verify_coef_kernel(
     gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
     bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
     gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-    rk, rq, GKw, GQw, eC, eD, inv, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale,
+    rk, rq, GKw, GQw, eC, eD, X, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale,
                                                       EPS, BLOCK_T, SMALL_PREC, INTERP)
-    o_gq, o_inv, o_mq, o_vec = _coef_offsets(T, BLOCK_L)
+    o_gq, o_x, o_mq, o_vec = _coef_offsets(T, BLOCK_L)
     base = coef_ptr + (b * HV + h) * REC
     lt = ll[:, None] * T + tt[None, :]
     ltmask = tmask[None, :] & (ll < BLOCK_L)[:, None]
@@ -1137,7 +1137,7 @@ def _gdn_verify_coef_kernel(
     tl.store(base + o_gq + lt, GQw, mask=ltmask)
     tti = tt[:, None] * T + tt[None, :]
     ttmask = tmask[:, None] & tmask[None, :]
-    tl.store(base + o_inv + tti, inv, mask=ttmask)
+    tl.store(base + o_x + tti, X, mask=ttmask)
     tl.store(base + o_mq + tti, Mq, mask=ttmask)
     tl.store(base + o_vec + tt, rk, mask=tmask)
     tl.store(base + o_vec + T + tt, rq, mask=tmask)
@@ -1150,7 +1150,7 @@ def _gdn_verify_coef_kernel(
 def _load_coefs(coef_ptr, b, h, ll, tt, tmask, T: tl.constexpr, HV: tl.constexpr, REC: tl.constexpr,
                 BLOCK_L: tl.constexpr):
     """The pre-pass's record of (b, h) as padded tiles (0 past T)."""
-    o_gq, o_inv, o_mq, o_vec = _coef_offsets(T, BLOCK_L)
+    o_gq, o_x, o_mq, o_vec = _coef_offsets(T, BLOCK_L)
     base = coef_ptr + (b * HV + h) * REC
     lt = ll[:, None] * T + tt[None, :]
     ltmask = tmask[None, :] & (ll < BLOCK_L)[:, None]
@@ -1158,14 +1158,14 @@ def _load_coefs(coef_ptr, b, h, ll, tt, tmask, T: tl.constexpr, HV: tl.constexpr
     GQw = tl.load(base + o_gq + lt, mask=ltmask, other=0.0)
     tti = tt[:, None] * T + tt[None, :]
     ttmask = tmask[:, None] & tmask[None, :]
-    inv = tl.load(base + o_inv + tti, mask=ttmask, other=0.0)
+    X = tl.load(base + o_x + tti, mask=ttmask, other=0.0)
     Mq = tl.load(base + o_mq + tti, mask=ttmask, other=0.0)
     rk = tl.load(base + o_vec + tt, mask=tmask, other=0.0)
     rq = tl.load(base + o_vec + T + tt, mask=tmask, other=0.0)
     eD = tl.load(base + o_vec + 2 * T + tt, mask=tmask, other=0.0)
     bd = tl.load(base + o_vec + 3 * T + tt, mask=tmask, other=0.0)
     eC = tl.load(base + o_vec + 4 * T)
-    return rk, rq, GKw, GQw, eC, eD, inv, Mq, bd
+    return rk, rq, GKw, GQw, eC, eD, X, Mq, bd
 
 
 @triton.jit
@@ -1224,7 +1224,7 @@ def _gdn_verify_kernel(
     if PREPASS:
         n = tl.load(cur_ptr + slot64, mask=live, other=0)
         lm = (ll < n) & live
-        rk, rq, GKw, GQw, eC, eD, inv, Mq, bd = _load_coefs(coef_ptr, b, h, ll, tt, tmask, T, HV, REC, BLOCK_L)
+        rk, rq, GKw, GQw, eC, eD, X, Mq, bd = _load_coefs(coef_ptr, b, h, ll, tt, tmask, T, HV, REC, BLOCK_L)
     else:
         bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
         gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
@@ -1232,7 +1232,7 @@ def _gdn_verify_kernel(
             n = tl.load(cur_ptr + slot64, mask=live, other=0)
             lm = (ll < n) & live
             gch = tl.where(lm, gch, 0.0)
-        rk, rq, GKw, GQw, eC, eD, inv, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask,
+        rk, rq, GKw, GQw, eC, eD, X, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask,
                                                           scale, EPS, BLOCK_T, SMALL_PREC, INTERP)
     if HEAD_LOOP:
         for r0 in tl.range(0, DV, BLOCK_V):
@@ -1244,11 +1244,11 @@ def _gdn_verify_kernel(
                 rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
                 BLOCK_V, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, True, False, S_PREC, K_PREC, INTERP)
             _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm,
-                         tt, tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, inv, Mq,
+                         tt, tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, X, Mq,
                          svb, svt, svh, sob, sot, soh, HV, DV, L, RD_FP8, DUAL, SMALL_PREC, INTERP)
     else:
         _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm,
-                     tt, tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, inv, Mq,
+                     tt, tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, X, Mq,
                      svb, svt, svh, sob, sot, soh, HV, DV, L, RD_FP8, DUAL, SMALL_PREC, INTERP)
 
     # the drafts' g (dual: beta) once per head, raw keys once per key head (re-read: L2 hits)
