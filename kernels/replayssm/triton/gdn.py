@@ -92,7 +92,11 @@ CONFIGS: dict[str, list[tuple]] = {
     # b256, dual bf16: 290 us (NR 8) vs 329 (NR 1) and 406 rank-1; dual fp8 278 vs 404 us
     # (tune_gdn_flush_dual2.txt; high-copy error after 3 steps 1e-5 with "tf32x3t", 5.8e-6 with
     # "tf32x3" at NR 1, 2.5-3.2e-6 with "ieee", which spills at this tile; rank-1: 4.5e-7)
-    "flush_step_dual": [(None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+    # batch <= 16 (few rows flush per step): one 16-row chunk per program, b8 / b16 18.9 / 33.2 us
+    # vs 28.9 / 52.9 (NR 8) and 21.2 / 37.9 rank-1 (tune_gdn_flush_dual_small.txt)
+    "flush_step_dual": [(16, 16, 2, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+                                     "SMALL_PREC": "tf32x3"}),
+                        (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
                                        "SMALL_PREC": "tf32x3"})],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
