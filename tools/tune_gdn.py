@@ -30,7 +30,7 @@ BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
 # TUNE_MODES: comma list of what to search, for a focused probe that fits a short device call:
 # batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16), their
 # small-program lists (lean-f32, lean-dual-bf16, lean-bf16), flush-step lists (flush-dual-bf16,
-# flush-dual-fp8, flush-bf16, flush-f32; flush-dual-bf16-b8 / -b16 at those batches) and
+# flush-dual-fp8, flush-bf16, flush-f32; flush-dual-bf16-b8 / -b16 / -b32 at those batches) and
 # b1 / b4 / b8 / b32 (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything,
 # then batch 1/32 and Qwen3.5-4B around this run's winners.
 FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
@@ -298,9 +298,15 @@ _SMALL_OUT = dict(br=32, nw=4, nr=2, hp=2, pf=2, dist=2, split=True, prefetch=Tr
 FLUSH_SMALL = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4, F_NR=1),
                rcfg(**_SMALL_OUT, **_W16, F_NR=1), rcfg(**_SMALL_OUT, **_W16, F_NR=2), rcfg(**_SMALL_OUT, **_W16, F_NR=8),
                rcfg(**_SMALL_OUT, F_FOLD_MMA=True, F_BLOCK_V=32, F_num_warps=4, F_NR=1)]
-# TUNE_MODES names of the focused lists: (mode, configs, batch)
-EXTRA = {**{f"lean-{m}": (m, c, 256) for m, c in LEAN.items()}, **{f"flush-{m}": (m, c, 256) for m, c in FLUSH.items()},
-         **{f"flush-dual-bf16-b{b}": ("dual-bf16", FLUSH_SMALL, b) for b in (8, 16)}}
+# batch 32 (flush-dual-bf16-b32, both Qwen3.5 dims): NR 8 ran Qwen3.5-4B at 0.66x fp32 eager
+# (rank-1, s7c: 0.85), Qwen3.5-122B at 0.97 (0.92) in h200-small-batch-20261130-s8b
+FLUSH_B32 = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4, F_NR=1),
+             rcfg(**_SMALL_OUT, **_W16, F_NR=1), rcfg(**_SMALL_OUT, **_W16, F_NR=2), rcfg(**_SMALL_OUT, **_W16, F_NR=8)]
+# TUNE_MODES names of the focused lists: (mode, configs, batch, models)
+EXTRA = {**{f"lean-{m}": (m, c, 256, ("q122b",)) for m, c in LEAN.items()},
+         **{f"flush-{m}": (m, c, 256, ("q122b",)) for m, c in FLUSH.items()},
+         **{f"flush-dual-bf16-b{b}": ("dual-bf16", FLUSH_SMALL, b, ("q122b",)) for b in (8, 16)},
+         "flush-dual-bf16-b32": ("dual-bf16", FLUSH_B32, 32, ("q122b", "q4b"))}
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
                 rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True),
@@ -383,7 +389,8 @@ def job_list():
             if not FOCUS or mode in FOCUS:
                 jobs.append(("q122b", mode, 256, c))
     if FOCUS:
-        jobs += [("q122b", m, b, c) for name, (m, cfgs, b) in EXTRA.items() if name in FOCUS for c in cfgs]
+        jobs += [(mo, m, b, c) for name, (m, cfgs, b, models) in EXTRA.items() if name in FOCUS
+                 for mo in models for c in cfgs]
         for b in SMALL:
             if f"b{b}" in FOCUS:
                 jobs += [(m, mode, b, c) for m in ("q122b", "q4b") for mode, cfgs in SMALL[b].items() for c in cfgs]
@@ -712,8 +719,9 @@ def main():
             run_vllm("q122b", "float32", 256)
         for mode in FOCUS:
             if mode in lean:
-                m, cfgs, b = EXTRA[mode]
-                run_replay("q122b", m, b, cfgs)
+                m, cfgs, b, models = EXTRA[mode]
+                for mo in models:
+                    run_replay(mo, m, b, cfgs)
                 continue
             if mode in small:   # fp32 eager vs replay at a small batch, both Qwen3.5 dims
                 b = int(mode[1:])
