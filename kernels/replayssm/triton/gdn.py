@@ -92,9 +92,10 @@ CONFIGS: dict[str, list[tuple]] = {
     # b256, dual bf16: 290 us (NR 8) vs 329 (NR 1) and 406 rank-1; dual fp8 278 vs 404 us
     # (tune_gdn_flush_dual2.txt; high-copy error after 3 steps 1e-5 with "tf32x3t", 5.8e-6 with
     # "tf32x3" at NR 1, 2.5-3.2e-6 with "ieee", which spills at this tile; rank-1: 4.5e-7)
-    # batch <= 16 (few rows flush per step): one 16-row chunk per program, b8 / b16 18.9 / 33.2 us
-    # vs 28.9 / 52.9 (NR 8) and 21.2 / 37.9 rank-1 (tune_gdn_flush_dual_small.txt)
-    "flush_step_dual": [(16, 16, 2, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+    # batch <= 64 (few rows flush per step): one 16-row chunk per program. Qwen3.5-122B b8 / b16 /
+    # b32: 18.9 / 33.2 / 57.6 us vs 28.9 / 52.9 / 70.0 (NR 8) and 21.2 / 37.9 / 73.8 rank-1;
+    # Qwen3.5-4B b32 33.4 vs 53.9 / 41.7 (tune_gdn_flush_dual_small.txt, _b32.txt; b64-128 untimed)
+    "flush_step_dual": [(64, 16, 2, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
                                      "SMALL_PREC": "tf32x3"}),
                         (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
                                        "SMALL_PREC": "tf32x3"})],
