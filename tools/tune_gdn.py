@@ -280,13 +280,14 @@ _OUT_BIG = dict(br=128, nw=4, nr=1, hp=4, pf=2, dist=2, split=True)
 _FLUSH_TILES = [dict(F_FOLD_MMA=False), dict(F_FOLD_MMA=True), dict(F_FOLD_MMA=True, F_BLOCK_V=16, F_num_warps=4),
                 dict(F_FOLD_MMA=True, F_BLOCK_V=16, F_num_warps=2)]
 # dual: the high copy's error after FOLD_MMA flushes was 2e-5 (rank-1: 4.5e-7; session 8,
-# tune_gdn_flush.txt): 2.7e-6 with SMALL_PREC "ieee", unchanged by P_CHUNK (S_0 K^T summed from
-# products over P_CHUNK columns; tune_gdn_flush_dual.txt). The inverse is now kept as X = inv - I
-# and U = R + R X (rounding relative to the off-identity part); NR > 1: one inverse per head.
+# tune_gdn_flush.txt): 2.7e-6 with SMALL_PREC "ieee", unchanged when S_0 K^T was summed from
+# products over 32 or 16 columns (P_CHUNK at 4f45f01; tune_gdn_flush_dual.txt). The inverse is
+# now kept as X = inv - I and U = R + R X (rounding relative to the off-identity part); NR > 1:
+# one inverse per head.
 _W16 = dict(F_FOLD_MMA=True, F_BLOCK_V=16, F_num_warps=2)
-_DUAL_TILES = [dict(F_FOLD_MMA=False), _W16, dict(_W16, F_NR=2), dict(_W16, F_NR=8),
-               dict(_W16, F_SMALL_PREC="tf32x3"), dict(_W16, F_SMALL_PREC="ieee"),
-               dict(_W16, F_NR=8, F_SMALL_PREC="ieee"), dict(_W16, F_P_CHUNK=32, F_SMALL_PREC="ieee")]
+_DUAL_TILES = [dict(F_FOLD_MMA=False), dict(_W16, F_NR=1), dict(_W16, F_NR=2), dict(_W16, F_NR=8),
+               dict(_W16, F_NR=1, F_SMALL_PREC="tf32x3"), dict(_W16, F_NR=1, F_SMALL_PREC="ieee"),
+               dict(_W16, F_NR=8, F_SMALL_PREC="ieee"), dict(_W16, F_NR=8, F_SMALL_PREC="tf32x3t")]
 FLUSH = {"dual-bf16": [rcfg(**_OUT_BIG, **f) for f in _DUAL_TILES],
          "dual-fp8": [rcfg(**_OUT_BIG, **f) for f in _DUAL_TILES[:4]],
          "bf16": [rcfg(**_OUT_BIG, **f) for f in _FLUSH_TILES],

@@ -721,7 +721,6 @@ def _gdn_flush_step_kernel(
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
-    P_CHUNK: tl.constexpr = 0,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves.
 
@@ -746,10 +745,14 @@ def _gdn_flush_step_kernel(
     key's norm across the program. Non-dual, U is the stored u. Dual, U is recomputed against
     the high chunk S_0 in closed form instead of entry by entry: with A_i = e^{c_i},
         u_j + sum_{m<j} M_mj u_m = beta_j (v_j - A_j S_0 k_j),  M_mj = beta_j e^{c_j - c_m} (k_m . k_j),
-    so U = R (I + M)^-1 with R [rows, L] from one product S_0 Kb^T (P_PREC) and the inverse of the
-    unit triangular [L, L] matrix from the keys' Gram matrix (GRAM_PREC) once per head
-    (_unit_tri_inv, SMALL_PREC) -- the algebra of the sequential recurrence, no low-copy value
-    involved.
+    so U = R (I + M)^-1 = R + R X with R [rows, L] from one product S_0 Kb^T (P_PREC) and X = (I + M)^-1 - I from the keys' Gram matrix
+    (GRAM_PREC) once per head (_unit_tri_inv_minus_eye, SMALL_PREC) -- the algebra of the
+    sequential recurrence, no low-copy value involved. Its rounding differs from the rank-1
+    fold's: on the H200 (Qwen3.5-122B b256, three steps) the high copy agrees with the fp32
+    reference to 5.8e-6 with "tf32x3" small products (rank-1: 4.5e-7; docs/kernels.md session 8),
+    far inside the fp32 state tolerance.
+    Per-head coefficients (decays, dual: M and X) are computed once per head and shared by its
+    NR chunks.
     """
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
@@ -843,18 +846,7 @@ def _gdn_flush_step_kernel(
                     if DUAL and FOLD_MMA:
                         V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
                                     other=0.0).to(tl.float32)                      # [rows, BL] raw v
-                        if P_CHUNK == 0:
-                            P = mm(S, tl.trans(kf), P_PREC, INTERP)                   # S_0 k_i (raw keys)
-                        else:   # P_CHUNK columns per product, each from a zero accumulator, summed in fp32:
-                            # the tensor cores' truncating accumulation then spans P_CHUNK columns, not dk
-                            P = tl.zeros([BLOCK_R, BLOCK_L], tl.float32)
-                            for cc in tl.static_range(BLOCK_K // P_CHUNK):
-                                pc = cc * P_CHUNK + tl.arange(0, P_CHUNK)
-                                Sc = _ckpt_load(hi_ptr, hi_sc_ptr, row[:, None] * DK + pc[None, :], row,
-                                                rm[:, None] & (pc < DK)[None, :], rm, HI_FP8)
-                                Kc = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + pc[None, :],
-                                             mask=lm[:, None] & (pc < DK)[None, :], other=0.0)
-                                P += mm(Sc, tl.trans(Kc), P_PREC, INTERP)
+                        P = mm(S, tl.trans(kf), P_PREC, INTERP)                       # S_0 k_i (raw keys)
                         R_ = bl[None, :] * (V - rc[None, :] * P)
                         U = R_ + mm(R_, X, SMALL_PREC, INTERP)                     # R (I + M)^-1
                         S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
@@ -1010,21 +1002,10 @@ def _unit_tri_inv_minus_eye(M, BLOCK_T: tl.constexpr, PREC: tl.constexpr, INTERP
     BT <= 64."""
     X = -M
     P = M
-    if BLOCK_T > 2:
-        P = mm(P, P, PREC, INTERP)                  # M^2
-        X = X + P + mm(X, P, PREC, INTERP)
-    if BLOCK_T > 4:
-        P = mm(P, P, PREC, INTERP)                  # M^4
-        X = X + P + mm(X, P, PREC, INTERP)
-    if BLOCK_T > 8:
-        P = mm(P, P, PREC, INTERP)                  # M^8
-        X = X + P + mm(X, P, PREC, INTERP)
-    if BLOCK_T > 16:
-        P = mm(P, P, PREC, INTERP)                  # M^16
-        X = X + P + mm(X, P, PREC, INTERP)
-    if BLOCK_T > 32:
-        P = mm(P, P, PREC, INTERP)                  # M^32
-        X = X + P + mm(X, P, PREC, INTERP)
+    for e in tl.static_range(1, 6):
+        if (1 << e) < BLOCK_T:                      # P = M^(2^e)
+            P = mm(P, P, PREC, INTERP)
+            X = X + P + mm(X, P, PREC, INTERP)
     return X
 
 
@@ -1417,15 +1398,14 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                      NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                      HI_LPR=hi_lpr, HI_LS=hi_ls, **ck_meta)
         # FOLD_MMA (see the kernel): a 16- or 32-bit high copy (fp8 keeps its rank-1 fold), tiles
-        # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv)
+        # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv_minus_eye)
         if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
                 and min(fm["BLOCK_R"], cfg["BLOCK_K"]) >= 16 and L <= 64):
             fmeta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
                          FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"),
                          P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
                          SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
-                         GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
-                         P_CHUNK=min(int(fc.get("P_CHUNK", 0)), cfg["BLOCK_K"]))
+                         GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
         plans.append((_gdn_flush_step_kernel, fgrid, fargs, fmeta))
     return plans
 
