@@ -21,12 +21,13 @@ the best variant per case follows.
 Variant names. "default": the shipped tables (REPLAY_CONFIGS / CONFIG_TABLE). Replay step:
 v0 = the first version (16-row programs, 4 warps, state tile loaded after the buffered B
 tile, separate cursor-pass launch); otherwise [split-|eager-]f{rows}w{warps}[-np][-nt][-late]
-[-ev][-r{maxnreg}][-fr{fold rows}][-fc{fold cols}]: fused (default), split or eager route (the
+[-ev][-r{maxnreg}][-fr{fold rows}][-fc{fold cols}][-pf{1|2}]: fused (default), split or eager route (the
 small-batch route: a flush at every step, eager's traffic), rows per program, warps;
 -np buffer tiles loaded in the branch that uses them (not right after the cursor); -nt cursor
 pass instead of the ticket; -late also the state load after the buffered B tile (the first
 version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows per fold chunk
-of flushing programs (default 16); -fc columns per fold chunk (default: whole rows). Eager:
+of flushing programs (default 16); -fc columns per fold chunk (default: whole rows); -pf a
+prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
 
@@ -67,14 +68,14 @@ def replay_variant(name: str) -> dict:
         return {}
     if name == "v0":
         return dict(block_p=16, chunks=1, warps=4, route="fused", early=False, preload=False, ticket=False,
-                    fold_rows=16, fold_cols=0, evict="", maxnreg=None)
+                    fold_rows=16, fold_cols=0, evict="", maxnreg=None, pf=0)
     m = re.fullmatch(r"(split-|eager-)?f(\d+)w(\d+)((?:-[a-z]+\d*)*)", name)
     if not m:
         raise ValueError(f"bad replay variant {name!r}")
     route = {"split-": "split", "eager-": "eager"}.get(m.group(1) or "", "fused")
     ov = dict(block_p=int(m.group(2)), chunks=1, warps=int(m.group(3)), route=route,
               early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-              maxnreg=None)
+              maxnreg=None, pf=0)
     for flag in filter(None, m.group(4).split("-")):
         if flag == "nt":
             ov["ticket"] = False
@@ -90,6 +91,8 @@ def replay_variant(name: str) -> dict:
             ov["fold_rows"] = int(flag[2:])
         elif flag.startswith("fc"):
             ov["fold_cols"] = int(flag[2:])
+        elif flag.startswith("pf"):
+            ov["pf"] = int(flag[2:])
         else:
             raise ValueError(f"bad flag {flag!r} in {name!r}")
     return ov

@@ -55,3 +55,19 @@ def cast(v, dtype: tl.constexpr, EXACT: tl.constexpr):
         elif dtype == tl.float8e4nv:
             v = round_e4m3_rne(v)
     return v.to(dtype)
+
+
+@triton.jit
+def prefetch_hint(base, starts, LPR: tl.constexpr, LS: tl.constexpr, PF: tl.constexpr, INTERP: tl.constexpr):
+    """Prefetch hint for rows beginning at element offsets `starts` [R] of `base`, LPR 128-byte
+    lines (LS elements) each. PF 1: into L2, 2: into L1; no registers held, never faults.
+    No-op when interpreting or PF 0."""
+    if not INTERP:
+        if PF == 1 or PF == 2:
+            ptrs = base + starts[:, None] + (tl.arange(0, LPR) * LS)[None, :]
+            if PF == 1:
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+            else:
+                tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                          dtype=tl.int32, is_pure=False, pack=1)

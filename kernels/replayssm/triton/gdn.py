@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
-from .common import cast
+from .common import cast, prefetch_hint
 from .launch import last_contig
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
@@ -332,22 +332,6 @@ def _gdn_replay_eager_kernel(
 
 # ----------------------------------------------------------------------------- replay
 @triton.jit
-def _hint(base, starts, LPR: tl.constexpr, LS: tl.constexpr, PF: tl.constexpr, INTERP: tl.constexpr):
-    """Prefetch hint for rows beginning at element offsets `starts` [R] of `base`, LPR 128-byte
-    lines (LS elements) each. PF 1: into L2, 2: into L1; no registers held, never faults.
-    No-op when interpreting or PF 0."""
-    if not INTERP:
-        if PF == 1 or PF == 2:
-            ptrs = base + starts[:, None] + (tl.arange(0, LPR) * LS)[None, :]
-            if PF == 1:
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                          dtype=tl.int32, is_pure=False, pack=1)
-            else:
-                tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                          dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _opaque(x, INTERP: tl.constexpr):
     """int32 identity the compiler cannot see through. Indexing the buffered u rows with it
     hides their contiguity, so their [rows, entries] tile gets a plain layout instead of one
@@ -489,8 +473,9 @@ def _gdn_replay_kernel(
         for c in tl.static_range(PF_DIST):
             if c < NJ:
                 if not INTERP:
-                    _hint(rd_ptr, ((slot64 * HV + h0 + c // NR) * DV + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1))
-                          * DK, RD_LPR, RD_LS, PF, INTERP)
+                    prefetch_hint(rd_ptr, ((slot64 * HV + h0 + c // NR) * DV
+                                           + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                                  RD_LPR, RD_LS, PF, INTERP)
         # 2. the cursor: SPLIT: plain read (the flush-step kernel moves it); else the ticket
         #    (module docstring): low bits cursor, high bits programs so far
         if SPLIT:
@@ -574,9 +559,9 @@ def _gdn_replay_kernel(
             for c in tl.static_range(PF_DIST):
                 if c < NJ:
                     if not INTERP:
-                        _hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
-                                       + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                              HI_LPR, HI_LS, PF, INTERP)
+                        prefetch_hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
+                                               + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                                      HI_LPR, HI_LS, PF, INTERP)
             for j in range(NJ):
                 hh = j // NR
                 h = h0 + hh
@@ -586,12 +571,13 @@ def _gdn_replay_kernel(
                 cn = j + PF_DIST
                 if cn < NJ:
                     if not INTERP:
-                        _hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
-                                       + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                              HI_LPR, HI_LS, PF, INTERP)
+                        prefetch_hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
+                                               + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                                      HI_LPR, HI_LS, PF, INTERP)
                 # this chunk's raw v rows: the entry loop below reads them (hinted into L1 now)
                 if not INTERP:
-                    _hint(vb_ptr, ((slot64 * L + ei) * HV + h) * DV + r0 + (j % NR) * BLOCK_R, 1, 1, 2, INTERP)
+                    prefetch_hint(vb_ptr, ((slot64 * L + ei) * HV + h) * DV + r0 + (j % NR) * BLOCK_R, 1, 1, 2,
+                                  INTERP)
                 S = tl.load(hi_ptr + row[:, None] * DK + cols[None, :], mask=rm[:, None] & cmask[None, :], other=0.0,
                             eviction_policy="evict_first").to(tl.float32)
                 v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
@@ -632,11 +618,11 @@ def _gdn_replay_kernel(
                     hn = h0 + cn // NR
                     rsn = r0 + (cn % NR) * BLOCK_R
                     if not INTERP:
-                        _hint(rd_ptr, ((slot64 * HV + hn) * DV + tl.minimum(rsn + ar, DV - 1)) * DK, RD_LPR, RD_LS, PF,
-                              INTERP)
+                        prefetch_hint(rd_ptr, ((slot64 * HV + hn) * DV + tl.minimum(rsn + ar, DV - 1)) * DK,
+                                      RD_LPR, RD_LS, PF, INTERP)
                     if not INTERP:
-                        _hint(ub_ptr, tl.where(um, (e * HV + hn) * DV + rsn, (slot64 * L * HV + hn) * DV + rsn),
-                              U_LPR, 32, PF, INTERP)
+                        prefetch_hint(ub_ptr, tl.where(um, (e * HV + hn) * DV + rsn, (slot64 * L * HV + hn) * DV + rsn),
+                                      U_LPR, 32, PF, INTERP)
                 sel = hidx == hh
                 w_h = tl.sum(tl.where(sel[:, None], W2, 0.0), 0)
                 ec_h = tl.sum(tl.where(sel, ec2, 0.0), 0)
@@ -745,14 +731,14 @@ def _gdn_flush_step_kernel(
     key's norm across the program. Non-dual, U is the stored u. Dual, U is recomputed against
     the high chunk S_0 in closed form instead of entry by entry: with A_i = e^{c_i},
         u_j + sum_{m<j} M_mj u_m = beta_j (v_j - A_j S_0 k_j),  M_mj = beta_j e^{c_j - c_m} (k_m . k_j),
-    so U = R (I + M)^-1 = R + R X with R [rows, L] from one product S_0 Kb^T (P_PREC) and X = (I + M)^-1 - I from the keys' Gram matrix
-    (GRAM_PREC) once per head (_unit_tri_inv_minus_eye, SMALL_PREC) -- the algebra of the
-    sequential recurrence, no low-copy value involved. Its rounding differs from the rank-1
-    fold's: on the H200 (Qwen3.5-122B b256, three steps) the high copy agrees with the fp32
-    reference to 5.8e-6 with "tf32x3" small products (rank-1: 4.5e-7; docs/kernels.md session 8),
-    far inside the fp32 state tolerance.
-    Per-head coefficients (decays, dual: M and X) are computed once per head and shared by its
-    NR chunks.
+    so U = R (I + M)^-1 = R + R X with R [rows, L] from one product S_0 Kb^T (P_PREC) and
+    X = (I + M)^-1 - I from the keys' Gram matrix (GRAM_PREC) once per head
+    (_unit_tri_inv_minus_eye, SMALL_PREC) -- the algebra of the sequential recurrence, no
+    low-copy value involved. Its rounding differs from the rank-1 fold's: on the H200
+    (Qwen3.5-122B b256, three steps) the high copy agrees with the fp32 reference to 5.8e-6
+    with "tf32x3" small products (rank-1: 4.5e-7; docs/kernels.md session 8), far inside the
+    fp32 state tolerance. Per-head coefficients (decays, dual: M and X) are computed once per
+    head and shared by its NR chunks.
     """
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
@@ -812,9 +798,9 @@ def _gdn_flush_step_kernel(
             for c in tl.static_range(PF_DIST):
                 if c < NJ:
                     if not INTERP:
-                        _hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
-                                       + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                              HI_LPR, HI_LS, PF, INTERP)
+                        prefetch_hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
+                                               + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                                      HI_LPR, HI_LS, PF, INTERP)
             for hh in range(HP):
                 h = h0 + hh
                 if FOLD_MMA:   # per-head coefficients, shared by the head's NR chunks
@@ -837,9 +823,9 @@ def _gdn_flush_step_kernel(
                     cn = j + PF_DIST
                     if cn < NJ:
                         if not INTERP:
-                            _hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
-                                           + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                                  HI_LPR, HI_LS, PF, INTERP)
+                            prefetch_hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
+                                                   + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                                          HI_LPR, HI_LS, PF, INTERP)
                     tile = row[:, None] * DK + cols[None, :]
                     m2 = rm[:, None] & cmask[None, :]
                     S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)

@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast, silu, softplus
+from .common import cast, prefetch_hint, silu, softplus
 from .launch import Launch, last_contig, out_like
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
@@ -117,6 +117,11 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 #            the output path and does not lower every program's occupancy. Not with row-scaled
 #            (fp8) copies, whose scale needs the whole row: those fold whole rows.
 #   evict    cache hint on the streamed state ("" or "evict_first"; no gain measured).
+#   pf       prefetch hint for the read-checkpoint tile, issued before the cursor is taken (its
+#            address depends on the slot only): 0 none, 1 into L2, 2 into L1. Holds no
+#            registers, unlike `early`; for the late-loading lean kernels, whose state load
+#            otherwise starts only when the cursor has returned (session 8's Nsight Compute:
+#            54 % of the lean step's stall samples wait on global loads). Not timed yet.
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
 # Route batches <= ROUTE_BATCH[bytes] as the table's "route" rows say (where given). False: those rows
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at
@@ -135,7 +140,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # vs 20.1, h200-small-batch-bf16-20261130 vs -20261130b): it takes the route up to this batch.
 DUAL_ROUTE_BATCH = 0
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None)
+                       maxnreg=None, pf=0)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -250,10 +255,12 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
         raise ValueError(f"replay fold_cols {v['fold_cols']}: allowed 0 (whole rows) or a power of 2 >= 16")
     if v["route"] not in ("fused", "split", "eager"):
         raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split, eager")
+    if v["pf"] not in (0, 1, 2):
+        raise ValueError(f"replay pf {v['pf']!r}: allowed 0 (none), 1 (into L2), 2 (into L1)")
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
-            "maxnreg": v["maxnreg"]}
+            "maxnreg": v["maxnreg"], "pf": int(v["pf"])}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -456,6 +463,7 @@ def _replay_step_kernel(
     HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
+    PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -495,6 +503,8 @@ def _replay_step_kernel(
     # buffer tiles it masks (PRELOAD; else inside the branch that uses them).
     if EARLY:
         S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE, EVICT)
+    elif PF > 0:    # the tile's lines on their way (RD_LPR lines of RD_LS elements per row), no registers
+        prefetch_hint(rd_ptr, ck_base + tl.minimum(offs_p, P - 1) * s_ck_p, RD_LPR, RD_LS, PF, EXACT)
     A = tl.load(A_ptr + h)
     Dh = tl.load(D_ptr + h)
     dt_raw = tl.load(dt_ptr + b * s_dt_b + h)
@@ -1125,6 +1135,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
+        PF=v["pf"], RD_LPR=_np2(triton.cdiv(N * rd_d.element_size(), 128)), RD_LS=max(1, 128 // rd_d.element_size()),
         **common)]
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(

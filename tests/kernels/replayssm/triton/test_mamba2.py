@@ -277,6 +277,7 @@ REPLAY_VARIANTS = [
     ("split-nt",   dict(route="split", ticket=False)),
     ("first",      dict(early=False, preload=False, ticket=False)),
     ("nopreload",  dict(preload=False)),
+    ("late-pf",    dict(early=False, preload=False, ticket=False, pf=1)),   # the state tile's L2 hint
 ]
 
 
@@ -326,11 +327,11 @@ def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, m
 
 
 def test_replay_fold_cols_checked(monkeypatch):
-    """fold_cols must be 0 or a power of 2 >= 16 (a tl.dot operand dim)."""
+    """fold_cols must be 0 or a power of 2 >= 16 (a tl.dot operand dim); pf 0, 1 or 2."""
     from replayssm.triton import mamba2 as tk
-    for bad in (8, 24):
-        monkeypatch.setitem(tk.OVERRIDE, "replay", dict(fold_cols=bad))
-        with pytest.raises(ValueError, match="fold_cols"):
+    for key, bad in (("fold_cols", 8), ("fold_cols", 24), ("pf", 3)):
+        monkeypatch.setitem(tk.OVERRIDE, "replay", {key: bad})
+        with pytest.raises(ValueError, match=key):
             tk.replay_variant(64, 4, 256, 128)
 
 
@@ -649,6 +650,10 @@ plans["super replay eager route fp32"] = tk.plan_replay_step(rs2("replay"), **in
                                                              state_indices=idx)[0]
 plans["super replay eager route dual bf16"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16),
                                                                   **p, state_indices=idx)[0]
+tk.OVERRIDE["replay"] = dict(tk._LEAN, pf=1)     # the lean step with the state tile's L2 hint (tuning)
+plans["super replay fp32 pf1"] = tk.plan_replay_step(rs2("replay"), **inp(torch.bfloat16), **p, state_indices=idx)[0]
+plans["super replay dual bf16 pf1"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16), **p,
+                                                          state_indices=idx)[0]
 tk.OVERRIDE.clear()
 out = {}
 for name, launches in plans.items():
