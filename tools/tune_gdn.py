@@ -297,7 +297,8 @@ FLUSH = {"dual-bf16": [rcfg(**_OUT_BIG, **f) for f in _DUAL_TILES],
 # at 0.66x our fp32 eager at Qwen3.5-122B b8 / b16 (the rank-1 fold, s7c: 0.90 / 0.93)
 _SMALL_OUT = dict(br=32, nw=4, nr=2, hp=2, pf=2, dist=2, split=True, prefetch=True)
 FLUSH_SMALL = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4, F_NR=1),
-               rcfg(**_SMALL_OUT, **_W16, F_NR=1), rcfg(**_SMALL_OUT, **_W16, F_NR=2), rcfg(**_SMALL_OUT, **_W16, F_NR=8),
+               rcfg(**_SMALL_OUT, **_W16, F_NR=1), rcfg(**_SMALL_OUT, **_W16, F_NR=2),
+               rcfg(**_SMALL_OUT, **_W16, F_NR=8),
                rcfg(**_SMALL_OUT, F_FOLD_MMA=True, F_BLOCK_V=32, F_num_warps=4, F_NR=1)]
 # batch 32 (flush-dual-bf16-b32, both Qwen3.5 dims): NR 8 ran Qwen3.5-4B at 0.66x fp32 eager
 # (rank-1, s7c: 0.85), Qwen3.5-122B at 0.97 (0.92) in h200-small-batch-20261130-s8b
@@ -712,14 +713,14 @@ def main():
     winners = {}
     if FOCUS:
         small = {f"b{b}" for b in SMALL}
-        lean = set(EXTRA)
-        bad = sorted(set(FOCUS) - set(BIG) - small - lean)
+        extra = set(EXTRA)
+        bad = sorted(set(FOCUS) - set(BIG) - small - extra)
         if bad:
-            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}, {', '.join(sorted(small | lean))}")
-        if set(FOCUS) & (set(BIG) | lean):
+            sys.exit(f"TUNE_MODES: unknown {bad}; allowed: {', '.join(BIG)}, {', '.join(sorted(small | extra))}")
+        if set(FOCUS) & (set(BIG) | extra):
             run_vllm("q122b", "float32", 256)
         for mode in FOCUS:
-            if mode in lean:
+            if mode in extra:
                 m, cfgs, b, models = EXTRA[mode]
                 for mo in models:
                     run_replay(mo, m, b, cfgs)
