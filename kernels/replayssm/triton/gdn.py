@@ -343,6 +343,17 @@ def _opaque(x, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _hint_chunk(ptr, slot64, h0, r0, c, ar, HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr,
+                NR: tl.constexpr, BLOCK_R: tl.constexpr, LPR: tl.constexpr, LS: tl.constexpr, PF: tl.constexpr,
+                INTERP: tl.constexpr):
+    """Prefetch hint (PF) for chunk c of a program's state copy: value head h0 + c // NR, rows
+    r0 + (c % NR) * BLOCK_R + ar (clamped to the head) of sequence slot64, DK elements a row."""
+    if not INTERP:
+        prefetch_hint(ptr, ((slot64 * HV + h0 + c // NR) * DV + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
+                      LPR, LS, PF, INTERP)
+
+
+@triton.jit
 def _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
              DK: tl.constexpr, PK: tl.constexpr, RD_KIND: tl.constexpr, INTERP: tl.constexpr):
     """(S k, S q) [R] of the state rows `row` [R] (row indices into [*, DK]) of the read copy.
@@ -472,10 +483,8 @@ def _gdn_replay_kernel(
         # 1. hints for the first chunks of the read copy (addresses independent of the cursor)
         for c in tl.static_range(PF_DIST):
             if c < NJ:
-                if not INTERP:
-                    prefetch_hint(rd_ptr, ((slot64 * HV + h0 + c // NR) * DV
-                                           + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                                  RD_LPR, RD_LS, PF, INTERP)
+                _hint_chunk(rd_ptr, slot64, h0, r0, c, ar, HV, DV, DK, NR, BLOCK_R, RD_LPR, RD_LS, PF,
+                            INTERP)
         # 2. the cursor: SPLIT: plain read (the flush-step kernel moves it); else the ticket
         #    (module docstring): low bits cursor, high bits programs so far
         if SPLIT:
@@ -558,10 +567,8 @@ def _gdn_replay_kernel(
             # ---- dual flush: stream the HIGH chunks, recompute u_i against them, step, write both
             for c in tl.static_range(PF_DIST):
                 if c < NJ:
-                    if not INTERP:
-                        prefetch_hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
-                                               + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                                      HI_LPR, HI_LS, PF, INTERP)
+                    _hint_chunk(hi_ptr, slot64, h0, r0, c, ar, HV, DV, DK, NR, BLOCK_R, HI_LPR, HI_LS, PF,
+                                INTERP)
             for j in range(NJ):
                 hh = j // NR
                 h = h0 + hh
@@ -570,10 +577,8 @@ def _gdn_replay_kernel(
                 row = (slot64 * HV + h) * DV + rr
                 cn = j + PF_DIST
                 if cn < NJ:
-                    if not INTERP:
-                        prefetch_hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
-                                               + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                                      HI_LPR, HI_LS, PF, INTERP)
+                    _hint_chunk(hi_ptr, slot64, h0, r0, cn, ar, HV, DV, DK, NR, BLOCK_R, HI_LPR, HI_LS, PF,
+                                INTERP)
                 # this chunk's raw v rows: the entry loop below reads them (hinted into L1 now)
                 if not INTERP:
                     prefetch_hint(vb_ptr, ((slot64 * L + ei) * HV + h) * DV + r0 + (j % NR) * BLOCK_R, 1, 1, 2,
@@ -797,10 +802,8 @@ def _gdn_flush_step_kernel(
                     ups = (ll[:, None] < ll[None, :]) & lm[None, :]                      # m < j <= n
             for c in tl.static_range(PF_DIST):
                 if c < NJ:
-                    if not INTERP:
-                        prefetch_hint(hi_ptr, ((slot64 * HV + h0 + c // NR) * DV
-                                               + tl.minimum(r0 + (c % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                                      HI_LPR, HI_LS, PF, INTERP)
+                    _hint_chunk(hi_ptr, slot64, h0, r0, c, ar, HV, DV, DK, NR, BLOCK_R, HI_LPR, HI_LS, PF,
+                                INTERP)
             for hh in range(HP):
                 h = h0 + hh
                 if FOLD_MMA:   # per-head coefficients, shared by the head's NR chunks
@@ -822,10 +825,8 @@ def _gdn_flush_step_kernel(
                     row = (slot64 * HV + h) * DV + rr
                     cn = j + PF_DIST
                     if cn < NJ:
-                        if not INTERP:
-                            prefetch_hint(hi_ptr, ((slot64 * HV + h0 + cn // NR) * DV
-                                                   + tl.minimum(r0 + (cn % NR) * BLOCK_R + ar, DV - 1)) * DK,
-                                          HI_LPR, HI_LS, PF, INTERP)
+                        _hint_chunk(hi_ptr, slot64, h0, r0, cn, ar, HV, DV, DK, NR, BLOCK_R, HI_LPR, HI_LS, PF,
+                                    INTERP)
                     tile = row[:, None] * DK + cols[None, :]
                     m2 = rm[:, None] & cmask[None, :]
                     S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
