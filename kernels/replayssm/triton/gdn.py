@@ -42,7 +42,7 @@ import triton.language as tl
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
 from .common import cast, prefetch_hint
-from .launch import last_contig
+from .launch import cache_lines, last_contig
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
@@ -59,6 +59,7 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 # per program; PF prefetch hints (1 L2, 2 L1) PF_DIST chunks ahead; PREFETCH cursor-independent
 # buffer reads; SPLIT = output-only launch + flush-step launch (else the fused kernel, ticket cursor).
 _BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 2, "SPLIT": True}     # 16/8-bit read copies, batch > 64
+_DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager, batch > 64: 16 rows x 1 warp (Qwen3.5-122B b256: 539 us vs 549 for 32 x 4 warps,
     # vLLM's kernel 532, same run)
@@ -95,10 +96,7 @@ CONFIGS: dict[str, list[tuple]] = {
     # batch <= 64 (few rows flush per step): one 16-row chunk per program. Qwen3.5-122B b8 / b16 /
     # b32: 18.9 / 33.2 / 57.6 us vs 28.9 / 52.9 / 70.0 (NR 8) and 21.2 / 37.9 / 73.8 rank-1;
     # Qwen3.5-4B b32 33.4 vs 53.9 / 41.7 (tune_gdn_flush_dual_small.txt, _b32.txt; b64-128 untimed)
-    "flush_step_dual": [(64, 16, 2, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
-                                     "SMALL_PREC": "tf32x3"}),
-                        (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
-                                       "SMALL_PREC": "tf32x3"})],
+    "flush_step_dual": [(64, 16, 2, dict(_DUAL_FLUSH, NR=1)), (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
     "verify":   [(4, 16, 1), (None, 64, 2)],
@@ -1320,12 +1318,6 @@ def replay_meta(cfg: dict, L: int, dv: int, group: int, K: int | None = None) ->
                 PF=int(cfg.get("PF", 0)), PF_DIST=max(1, int(cfg.get("PF_DIST", 1))))
 
 
-def _lines(t: torch.Tensor, dk: int) -> tuple[int, int]:
-    """(lines per state row, elements per 128-byte line) of a state copy, for prefetch hints."""
-    es = t.element_size()
-    return triton.next_power_of_2(triton.cdiv(dk * es, 128)), max(1, 128 // es)
-
-
 def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
     """Per-row scratch [>= batch] int32 that a SPLIT replay step's two launches share (kept on
     the state object, so one allocation serves every step and a captured graph)."""
@@ -1364,7 +1356,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     pk = 4 // rd.element_size() if kind and cfg.get("PACK", True) else 1
     if dk % pk:
         pk = 1
-    (rd_lpr, rd_ls), (hi_lpr, hi_ls) = _lines(rd, dk), _lines(rs.hi.data, dk)
+    (rd_lpr, rd_ls), (hi_lpr, hi_ls) = cache_lines(rd, dk), cache_lines(rs.hi.data, dk)
     u_lpr = triton.next_power_of_2(triton.cdiv(rm["BLOCK_R"] * rs.u.element_size(), 128))
     meta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, SPLIT=split, PK=pk, RD_KIND=kind, RD_LPR=rd_lpr,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
 
 @dataclass
@@ -35,3 +36,10 @@ def out_like(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     if out.shape != x.shape or out.stride(-1) != 1:
         raise ValueError(f"out must have shape {tuple(x.shape)} and a unit last stride")
     return out
+
+
+def cache_lines(t: torch.Tensor, row_elems: int) -> tuple[int, int]:
+    """(128-byte lines per row as a power of 2, elements per line) of rows of `row_elems`
+    elements of t's dtype: the shape of a prefetch hint over those rows (common.prefetch_hint)."""
+    es = t.element_size()
+    return triton.next_power_of_2(triton.cdiv(row_elems * es, 128)), max(1, 128 // es)

@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from .common import cast, prefetch_hint, silu, softplus
-from .launch import Launch, last_contig, out_like
+from .launch import Launch, cache_lines, last_contig, out_like
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
 
@@ -1116,6 +1116,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     if ticket and (nprog >= 1 << 15 or L >= 1 << 16):
         raise ValueError(f"ticket cursor needs < 32768 programs per sequence ({nprog}) and L < 65536 ({L})")
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
+    rd_lpr, rd_ls = cache_lines(rd_d, N)      # the read tile's rows, for the pf hint
     hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
     lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     zz = z if z is not None else x
@@ -1135,8 +1136,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=_np2(triton.cdiv(N * rd_d.element_size(), 128)), RD_LS=max(1, 128 // rd_d.element_size()),
-        **common)]
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, **common)]
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,
