@@ -10,7 +10,7 @@ scheduler and warp-state (stall) statistics, memory workload. For spec-replay a 
 variant can be applied to the verify launch (--variant NAME).
 
 usage (GPU machine; ncu on PATH or under /usr/local/cuda):
-  python3 tools/ncu_kernels.py --model q122b --method spec-replay --T 4 [--variant pp-bv64w4] [--kernels verify]
+  python3 tools/ncu_kernels.py --model q122b --method spec-replay --T 4 [--variant bv64w4] [--kernels verify]
   python3 tools/ncu_kernels.py --model super --method replay --L 16 --K 16 [--lo bfloat16] [--kernels replay]
 """
 from __future__ import annotations

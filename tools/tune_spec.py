@@ -37,7 +37,7 @@ A variant's dict goes into the family module's OVERRIDE["verify"] as given (a "f
 OVERRIDE["fold"]). Each spec-replay row shows the launch its variant resolved to
 (launch_desc; Mamba-2: P<rows> n<cols per MMA> w<warps> <state-tile precision>
 x:<x precision> early|late; GDN: V<rows> w<warps> k<dk per MMA> <precision> early|late
-[prepass] [head-loop] [s<stages>]); a
+[s<stages>] [r<register budget>]); a
 variant resolving to the launch of an earlier one of the same case (a key the kernel plan does
 not read, or clamping) is flagged SAME LAUNCH and still timed (a repeat: the run's noise).
 
@@ -104,48 +104,26 @@ MAMBA2_VARIANTS: dict[str, dict] = {
 # OVERRIDE["fold"] (BLOCK_V, num_warps) of the commit's fold.
 GDN_VARIANTS: dict[str, dict] = {
     "default": {},
-    "bv32w2-tf32": dict(BLOCK_V=32, num_warps=2, SMALL_PREC="tf32"),
-    "bv32w2-bf16x3": dict(BLOCK_V=32, num_warps=2, SMALL_PREC="bf16x3"),
-    "bv16w1": dict(BLOCK_V=16, num_warps=1),
-    "bv64w2": dict(BLOCK_V=64, num_warps=2),
-    "hl-bv64w4": dict(BLOCK_V=64, num_warps=4, HEAD_LOOP=True),
-    "hl-bv32w2": dict(BLOCK_V=32, num_warps=2, HEAD_LOOP=True),
-    "hl-bv128w8": dict(BLOCK_V=128, num_warps=8, HEAD_LOOP=True),
-    "bv32w2-late": dict(BLOCK_V=32, num_warps=2, EARLY_BUF=False),
-    # per-head coefficients from a pre-pass launch (PREPASS): the main kernel only streams the state
-    "pp-bv64w2": dict(BLOCK_V=64, num_warps=2, PREPASS=True),
-    "pp-bv32w2": dict(BLOCK_V=32, num_warps=2, PREPASS=True),
-    "pp-bv64w4": dict(BLOCK_V=64, num_warps=4, PREPASS=True),
-    "pp-bv128w4": dict(BLOCK_V=128, num_warps=4, PREPASS=True),
-    # sm_90 registers (Qwen3.5-122B, fp32): pp 64x4w 2-stage 102 (5 programs/SM) vs default 254 (4)
-    "pp-bv64w4-s2": dict(BLOCK_V=64, num_warps=4, PREPASS=True, num_stages=2),
-    "pp-bv128w8-s2": dict(BLOCK_V=128, num_warps=8, PREPASS=True, num_stages=2),
-    "bv32w2-s2": dict(BLOCK_V=32, num_warps=2, num_stages=2),
-    # truncation-split products (mma.py): state x raw keys in two tf32 passes ("tf32x2t"), the small
-    # fp32 products in three without cvt.rna ("tf32x3t"); sm_90, Qwen3.5-122B fp32 T4: 64x2w 236 registers,
-    # 2688 SASS instructions vs 254 / 3616 (default); 32x2w 168 / 2288
-    "s-t2": dict(S_PREC="tf32x2t"),
-    "sm-t3": dict(SMALL_PREC="tf32x3t"),
-    "s-t2-sm-t3": dict(S_PREC="tf32x2t", SMALL_PREC="tf32x3t"),
-    "bv32w2-s-t2-sm-t3": dict(BLOCK_V=32, num_warps=2, S_PREC="tf32x2t", SMALL_PREC="tf32x3t"),
-    # the defaults before the splits (Triton's "tf32x3" everywhere), and whole-head row tiles now
-    # that the splits freed registers (the per-head small products done once per head, not twice)
-    "old-tf32x3": dict(S_PREC="tf32x3", SMALL_PREC="tf32x3"),
+    # the packed [k | q] draft operand (session 9) freed registers (sm_90, Qwen3.5-122B T4: fp32 64x2w
+    # 160 vs 208 before; dual bf16 141 vs 214): larger tiles and more warps per program again
+    "bv32w2": dict(BLOCK_V=32, num_warps=2),
+    "bv64w4": dict(BLOCK_V=64, num_warps=4),
     "bv128w4": dict(BLOCK_V=128, num_warps=4),
     "bv128w8": dict(BLOCK_V=128, num_warps=8),
-    "bv64w4": dict(BLOCK_V=64, num_warps=4),
-    # broadcast-FMA products at the true tile sizes (FMA: T drafts -> next_pow2(T) columns, not 16);
-    # sm_90 registers at Qwen3.5-122B fp32 T4: 32x4w k16 128, 64x4w k16 168, 16x2w k32 128, 64x8w k32 213
-    "fma-bv32w4-k16": dict(FMA=True, BLOCK_V=32, num_warps=4, CHUNK_K=16),
-    "fma-bv32w2-k16": dict(FMA=True, BLOCK_V=32, num_warps=2, CHUNK_K=16),
-    "fma-bv64w4-k16": dict(FMA=True, BLOCK_V=64, num_warps=4, CHUNK_K=16),
-    "fma-bv16w2-k32": dict(FMA=True, BLOCK_V=16, num_warps=2, CHUNK_K=32),
-    "fma-bv32w4-k32": dict(FMA=True, BLOCK_V=32, num_warps=4, CHUNK_K=32),
-    "fma-bv64w8-k32": dict(FMA=True, BLOCK_V=64, num_warps=8, CHUNK_K=32),
-    "fma-pp-bv32w4-k16": dict(FMA=True, PREPASS=True, BLOCK_V=32, num_warps=4, CHUNK_K=16),
+    "bv64w2-k64": dict(CHUNK_K=64),
+    "bv64w2-k16": dict(CHUNK_K=16),
+    "bv64w2-late": dict(EARLY_BUF=False),
+    "bv64w2-s2": dict(num_stages=2),
+    "bv64w2-s3": dict(num_stages=3),
+    # ptxas caps dual fp8 at 128 registers with a 16-byte spill; a register budget instead
+    "bv64w2-r168": dict(maxnreg=168),
+    # the small products' precision: Triton's "tf32x3" (rounding splits) vs the default truncation
+    # split "tf32x3t"; the state tile's "tf32x2t" vs "tf32x3"
+    "sm-tf32x3": dict(SMALL_PREC="tf32x3"),
+    "old-tf32x3": dict(S_PREC="tf32x3", SMALL_PREC="tf32x3"),
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
-SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "hl-bv32w2"]}
+SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
 PREC_KEYS = ("s_prec", "S_PREC")     # the fp32 state tile's dot precision: not for a bf16 read copy
 PREC_NAMES = ("bf16x3", "tf32x3", "split3", "ieee")
 
@@ -321,9 +299,10 @@ def launch_desc(case, model) -> str:
         out += " early" if m["EARLY_BUF"] else " late"
     extra = [f"{k.split('_')[0].lower()[:2]}:{v}" for k, v in m.items()
              if "PREC" in k and k not in ("S_PREC", "K_PREC")]
-    extra += [name for key, name in (("PREPASS", "prepass"), ("HEAD_LOOP", "head-loop")) if m.get(key)]
     if "num_stages" in m:
         extra.append(f"s{m['num_stages']}")
+    if "maxnreg" in m:
+        extra.append(f"r{m['maxnreg']}")
     return " ".join([out] + extra)
 
 

@@ -111,8 +111,7 @@ MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 VERIFY_F32_PRECISION = "split"
 VERIFY_CHUNK_K = 32   # dk columns per MMA step of the verify kernel's loop over the state tile
 # Tuning hook: OVERRIDE["verify"] = {BLOCK_V, num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC,
-# num_stages, and the opt-in routes HEAD_LOOP, PREPASS, FMA (each measured slower on the H200:
-# docs/kernels.md)} and OVERRIDE["fold"] = {BLOCK_V, num_warps} replace the table for every
+# num_stages, maxnreg} and OVERRIDE["fold"] = {BLOCK_V, num_warps} replace the table for every
 # shape (a per-call `config` wins). Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
 # Route small batches as the table says (rows with EAGER_ROUTE). False: those rows are skipped,
@@ -931,118 +930,109 @@ def _gdn_fold_kernel(
 
 # ----------------------------------------------------------------------------- verify
 @triton.jit
-def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
-                    BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
-                    DK: tl.constexpr, HK: tl.constexpr, WITH_S: tl.constexpr, WITH_GRAM: tl.constexpr,
-                    S_PREC: tl.constexpr, K_PREC: tl.constexpr, INTERP: tl.constexpr):
+def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol,
+                    skb, skt, skh, sqb, sqt, sqh,
+                    BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
+                    DK: tl.constexpr, HK: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
+                    INTERP: tl.constexpr):
     """Dots over dk in chunks of BLOCK_K columns (loads feed the MMAs; no tile is ever whole in
-    registers). WITH_S: SK = S Kd^T, SQ = S Qd^T [BV, T] of the state rows row_off (raw k, q).
-    WITH_GRAM: Gram matrices of the raw stored keys/queries, buffer x drafts GK, GQ [L, T],
-    drafts x drafts KK, KQ [T, T], and the squared norms nk, nq [T], nkb [L]."""
-    SK = tl.zeros([BLOCK_V, BLOCK_T], tl.float32)
-    SQ = tl.zeros([BLOCK_V, BLOCK_T], tl.float32)
-    GK = tl.zeros([BLOCK_L, BLOCK_T], tl.float32)
-    GQ = tl.zeros([BLOCK_L, BLOCK_T], tl.float32)
-    KK = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
-    KQ = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
-    nk = tl.zeros([BLOCK_T], tl.float32)
-    nq = tl.zeros([BLOCK_T], tl.float32)
+    registers), with the drafts packed as one operand P [BP, dk]: rows kcol = the raw draft keys,
+    rows qcol = the raw draft queries (one MMA per product where separate k and q operands,
+    each padded to 16 rows, took two). Returns SP = S P^T [BV, BP] of the state rows row_off,
+    GP = Kb P^T [L, BP] (stored buffer keys), PP = P P^T [BP, BP], the squared norms nP [BP]
+    and nkb [L]."""
+    SP = tl.zeros([BLOCK_V, BLOCK_P], tl.float32)
+    GP = tl.zeros([BLOCK_L, BLOCK_P], tl.float32)
+    PP = tl.zeros([BLOCK_P, BLOCK_P], tl.float32)
+    nP = tl.zeros([BLOCK_P], tl.float32)
     nkb = tl.zeros([BLOCK_L], tl.float32)
     for c0 in tl.range(0, DK, BLOCK_K):
         cols = c0 + tl.arange(0, BLOCK_K)
         cmask = cols < DK
-        tkmask = ltm[:, None] & cmask[None, :]
-        kr = tl.load(k_ptr + b * skb + tt[:, None] * skt + kh * skh + cols[None, :], mask=tkmask, other=0.0)
-        qr = tl.load(q_ptr + b * sqb + tt[:, None] * sqt + kh * sqh + cols[None, :], mask=tkmask, other=0.0)
-        krT = tl.trans(kr)
-        qrT = tl.trans(qr)
-        if WITH_S:
-            S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :],
-                        other=0.0, eviction_policy="evict_first")
-            SK = mma_acc(S, krT, SK, S_PREC, INTERP)
-            SQ = mma_acc(S, qrT, SQ, S_PREC, INTERP)
-        if WITH_GRAM:
-            kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
-                         other=0.0)
-            GK = mma_acc(kb, krT, GK, K_PREC, INTERP)
-            GQ = mma_acc(kb, qrT, GQ, K_PREC, INTERP)
-            KK = mma_acc(kr, krT, KK, K_PREC, INTERP)
-            KQ = mma_acc(kr, qrT, KQ, K_PREC, INTERP)
-            kf = kr.to(tl.float32)
-            qf = qr.to(tl.float32)
-            kbf = kb.to(tl.float32)
-            nk += tl.sum(kf * kf, 1)
-            nq += tl.sum(qf * qf, 1)
-            nkb += tl.sum(kbf * kbf, 1)
-    return SK, SQ, GK, GQ, KK, KQ, nk, nq, nkb
+        pk = tl.load(k_ptr + b * skb + dj[:, None] * skt + kh * skh + cols[None, :], mask=kcol[:, None] & cmask[None, :],
+                     other=0.0)
+        pq = tl.load(q_ptr + b * sqb + dj[:, None] * sqt + kh * sqh + cols[None, :], mask=qcol[:, None] & cmask[None, :],
+                     other=0.0)
+        P = tl.where(kcol[:, None], pk, pq)
+        PT = tl.trans(P)
+        S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        SP = mma_acc(S, PT, SP, S_PREC, INTERP)
+        kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
+                     other=0.0)
+        GP = mma_acc(kb, PT, GP, K_PREC, INTERP)
+        PP = mma_acc(P, PT, PP, K_PREC, INTERP)
+        pf = P.to(tl.float32)
+        kbf = kb.to(tl.float32)
+        nP += tl.sum(pf * pf, 1)
+        nkb += tl.sum(kbf * kbf, 1)
+    return SP, GP, PP, nP, nkb
 
 
 @triton.jit
-def _unit_tri_inv_minus_eye(M, BLOCK_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
-    """X = (I + M)^-1 - I [BT, BT] for M strictly upper triangular (so nilpotent, M^BT = 0):
-    (I + M)^-1 = sum_{k < BT} (-M)^k = (I - M)(I + M^2)(I + M^4)...(I + M^(BT/2)), log2(BT)
-    rounds of products instead of BT dependent substitution steps. Kept as X, one round being
-    X' = X + P + X P (P the next power): each product's rounding error is relative to X P,
-    not to the identity (what (I + X)(I + P) would carry), and R (I + M)^-1 = R + R X likewise.
-    BT <= 64."""
+def _unit_tri_inv_minus_eye(M, ORDER: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
+    """X = (I + M)^-1 - I for M strictly upper triangular with M^ORDER = 0 (nonzero only in its
+    leading ORDER x ORDER block): (I + M)^-1 = sum_{k < ORDER} (-M)^k = (I - M)(I + M^2)(I + M^4)
+    ..., the rounds while 2^e < ORDER (log2(ORDER) rounds of products instead of ORDER dependent
+    substitution steps; T = 4 drafts: one round). Kept as X, one round being X' = X + P + X P
+    (P the next power): each product's rounding error is relative to X P, not to the identity
+    (what (I + X)(I + P) would carry), and R (I + M)^-1 = R + R X likewise. ORDER <= 64."""
     X = -M
     P = M
     for e in tl.static_range(1, 6):
-        if (1 << e) < BLOCK_T:                      # P = M^(2^e)
+        if (1 << e) < ORDER:                        # P = M^(2^e)
             P = mm(P, P, PREC, INTERP)
             X = X + P + mm(X, P, PREC, INTERP)
     return X
 
 
 @triton.jit
-def _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale, EPS: tl.constexpr,
-                  BLOCK_T: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr):
-    """Per (sequence, head) coefficients of the verify solve (see _gdn_verify_kernel):
-    rk, rq [T] norm factors (q's with the scale), GKw = w * GK * rk, GQw [L, T] (rows >= n: 0),
-    eC = e^C, eD [T] = e^{D_j}, X = (I + M)^-1 - I [T, T] (_unit_tri_inv_minus_eye), Mq [T, T]."""
-    rk = tl.rsqrt(nk + EPS)
-    rq = tl.rsqrt(nq + EPS) * scale
+def _verify_coefs(GP, PP, nP, nkb, gch, gp, bp, lm, pc, kcol, qcol, scale, T: tl.constexpr, EPS: tl.constexpr,
+                  SMALL_PREC: tl.constexpr, INTERP: tl.constexpr):
+    """Per (sequence, head) coefficients of the verify solve (see _gdn_verify_kernel), over the
+    packed draft columns: r [BP] norm factors (q's with the scale), GPw = w * GP * r [L, BP]
+    (rows >= n: 0), eC = e^C, eD [BP] = e^{D_j} of each column's draft j, X = (I + M)^-1 - I
+    and Mq [BP, BP]."""
+    r = tl.rsqrt(nP + EPS) * tl.where(qcol, scale, 1.0)
     c = tl.cumsum(gch, 0)
     Cn = tl.sum(gch, 0)
     w = tl.exp(Cn - c) * tl.rsqrt(nkb + EPS)                                   # exponents <= 0
-    GKw = tl.where(lm[:, None], GK * w[:, None], 0.0) * rk[None, :]            # stale rows selected away
-    GQw = tl.where(lm[:, None], GQ * w[:, None], 0.0) * rq[None, :]
-    KK = KK * rk[:, None] * rk[None, :]
-    KQ = KQ * rk[:, None] * rq[None, :]
-    Dc = tl.cumsum(gd, 0)
-    ups = (tt[:, None] < tt[None, :]) & tmask[None, :]                         # m < j < T
-    dec = tl.exp(tl.where(ups | (tt[:, None] == tt[None, :]), Dc[None, :] - Dc[:, None], -float("inf")))
-    M = tl.where(ups, bd[None, :] * dec * KK, 0.0)
-    X = _unit_tri_inv_minus_eye(M, BLOCK_T, SMALL_PREC, INTERP)
-    Mq = tl.where((tt[:, None] <= tt[None, :]) & tmask[None, :], dec * KQ, 0.0)
-    return rk, rq, GKw, GQw, tl.exp(Cn), tl.exp(Dc), X, Mq
+    GPw = tl.where(lm[:, None], GP * w[:, None], 0.0) * r[None, :]             # stale rows selected away
+    PPn = PP * r[:, None] * r[None, :]                                         # k.k, k.q of the normed drafts
+    # D_j per column: the k columns' and the q columns' runs summed apart (the same sums)
+    D = tl.where(kcol, tl.cumsum(tl.where(kcol, gp, 0.0), 0), tl.cumsum(tl.where(qcol, gp, 0.0), 0))
+    ups = (pc[:, None] < pc[None, :]) & kcol[None, :]                          # m < j < T
+    upq = kcol[:, None] & qcol[None, :] & (pc[:, None] + T <= pc[None, :])    # draft m <= draft j (q column)
+    dec = tl.exp(tl.where(ups | upq, D[None, :] - D[:, None], -float("inf")))  # exponents <= 0
+    M = tl.where(ups, bp[None, :] * dec * PPn, 0.0)
+    X = _unit_tri_inv_minus_eye(M, T, SMALL_PREC, INTERP)
+    Mq = tl.where(upq, dec * PPn, 0.0)
+    return r, GPw, tl.exp(Cn), tl.exp(D), X, Mq
 
 
 @triton.jit
-def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm, tt,
-                 tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, X, Mq,
+def _verify_rows(SP, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm, pc, dj,
+                 kcol, qcol, live, n, slot64, r, GPw, eC, eD, bp, X, Mq,
                  svb, svt, svh, sob, sot, soh, HV: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
                  RD_FP8: tl.constexpr, DUAL: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr):
-    """Outputs of one row tile from its raw state dots SK, SQ [BV, T]: adds the buffer, solves
-    the drafts, stores o and the drafts' u (dual: v) at buffer rows n..n+T-1."""
+    """Outputs of one row tile from its raw state dots SP [BV, BP]: adds the buffer, solves the
+    drafts, stores o and the drafts' u (dual: v) at buffer rows n..n+T-1."""
     if RD_FP8:
         rsc = tl.load(rd_sc_ptr + row_off, mask=lrows, other=1.0)
-        SK = SK * rsc[:, None]
-        SQ = SQ * rsc[:, None]
-    Vd = tl.load(v_ptr + b * svb + tt[None, :] * svt + h * svh + rows[:, None], mask=lrows[:, None] & ltm[None, :],
-                 other=0.0).to(tl.float32)                                     # [BV, BT]
+        SP = SP * rsc[:, None]
+    Vd = tl.load(v_ptr + b * svb + dj[None, :] * svt + h * svh + rows[:, None], mask=lrows[:, None] & kcol[None, :],
+                 other=0.0).to(tl.float32)                                     # [BV, BP], k columns
     Ut = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rows[:, None], mask=lrows[:, None] & lm[None, :],
                  other=0.0).to(tl.float32)                                     # [BV, BL]
-    SKn = eC * (SK * rk[None, :]) + mm(Ut, GKw, SMALL_PREC, INTERP)           # S_{n-1} k_j
-    SQn = eC * (SQ * rq[None, :]) + mm(Ut, GQw, SMALL_PREC, INTERP)           # S_{n-1} q_j
-    R = bd[None, :] * (Vd - eD[None, :] * SKn)
-    Ud = R + mm(R, X, SMALL_PREC, INTERP)                                   # drafts' u = R (I + X) [BV, BT]
-    O = eD[None, :] * SQn + mm(Ud, Mq, SMALL_PREC, INTERP)
-    tl.store(o_ptr + b * sob + tt[None, :] * sot + h * soh + rows[:, None], cast(O, o_ptr.dtype.element_ty, INTERP),
-             mask=rmask[:, None] & tmask[None, :])
-    pos = n + tt
+    SPn = eC * (SP * r[None, :]) + mm(Ut, GPw, SMALL_PREC, INTERP)            # S_{n-1} k_j | S_{n-1} q_j
+    R = bp[None, :] * (Vd - eD[None, :] * SPn)                                # bp = 0 off the k columns
+    Ud = R + mm(R, X, SMALL_PREC, INTERP)                                   # drafts' u = R (I + X) [BV, BP]
+    O = tl.where(qcol[None, :], eD[None, :] * SPn, 0.0) + mm(Ud, Mq, SMALL_PREC, INTERP)
+    tl.store(o_ptr + b * sob + dj[None, :] * sot + h * soh + rows[:, None], cast(O, o_ptr.dtype.element_ty, INTERP),
+             mask=rmask[:, None] & qcol[None, :])
+    pos = n + pc
     dent = slot64 * L + pos
-    um = lrows[:, None] & (ltm & (pos < L))[None, :]
+    um = lrows[:, None] & (kcol & live & (pos < L))[None, :]
     tl.store(ub_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], Ud, mask=um)
     if DUAL:
         tl.store(vb_ptr + (dent[None, :] * HV + h) * DV + rows[:, None], cast(Vd, vb_ptr.dtype.element_ty, INTERP),
@@ -1050,136 +1040,54 @@ def _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr,
 
 
 @triton.jit
-def _verify_slot(idx_ptr, b, T: tl.constexpr, L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Draft and buffer coordinates of batch row b: tt, tmask (drafts < T), ll (buffer rows),
-    live (slot >= 0), slot64 (clamped), ltm = tmask & live, ent = buffer entries of the slot."""
-    tt = tl.arange(0, BLOCK_T)
-    tmask = tt < T
-    ll = tl.arange(0, BLOCK_L)
-    slot = tl.load(idx_ptr + b)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    return tt, tmask, ll, live, slot64, tmask & live, slot64 * L + ll
-
-
-@triton.jit
-def _coef_offsets(T: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Offsets of the parts of one (sequence, head) coefficient record (fp32, compact: T real
-    columns): GKw, GQw [BLOCK_L, T]; X = (I + M)^-1 - I, Mq [T, T]; rk, rq, eD, bd [T]; eC."""
-    o_gq: tl.constexpr = BLOCK_L * T
-    o_x: tl.constexpr = 2 * BLOCK_L * T
-    o_mq: tl.constexpr = o_x + T * T
-    o_vec: tl.constexpr = o_mq + T * T
-    return o_gq, o_x, o_mq, o_vec
-
-
-@triton.jit
-def _gdn_verify_coef_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, idx_ptr, kb_ptr, gb_ptr, cur_ptr, coef_ptr,
-    sqb, sqt, sqh, skb, skt, skh, sgb, sgt, sgh, sbb, sbt, sbh,
-    scale,
-    T: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, L: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, REC: tl.constexpr,
-    K_PREC: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-):
-    """Pre-pass of the PREPASS verify route, one program per (value head h, sequence b): the
-    per-head coefficients of the draft solve (_verify_coefs), stored compactly (T real
-    columns) at coef[(b * HV + h) * REC]. Reads the drafts' k, q, g, beta and the committed
-    buffer keys and g; writes nothing else."""
-    h = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    kh = h // (HV // HK)
-    tt, tmask, ll, live, slot64, ltm, ent = _verify_slot(idx_ptr, b, T, L, BLOCK_T, BLOCK_L)
-    n = tl.load(cur_ptr + slot64, mask=live, other=0)
-    lm = (ll < n) & live
-    _, _, GK, GQ, KK, KQ, nk, nq, nkb = _verify_dk_loop(      # no state (WITH_S False): dummy rd/rows
-        coef_ptr, ll, lm, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
-        BLOCK_L, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, False, True, K_PREC, K_PREC, INTERP)
-    gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
-    bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
-    gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-    rk, rq, GKw, GQw, eC, eD, X, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask, scale,
-                                                      EPS, BLOCK_T, SMALL_PREC, INTERP)
-    o_gq, o_x, o_mq, o_vec = _coef_offsets(T, BLOCK_L)
-    base = coef_ptr + (b * HV + h) * REC
-    lt = ll[:, None] * T + tt[None, :]
-    ltmask = tmask[None, :] & (ll < BLOCK_L)[:, None]
-    tl.store(base + lt, GKw, mask=ltmask)
-    tl.store(base + o_gq + lt, GQw, mask=ltmask)
-    tti = tt[:, None] * T + tt[None, :]
-    ttmask = tmask[:, None] & tmask[None, :]
-    tl.store(base + o_x + tti, X, mask=ttmask)
-    tl.store(base + o_mq + tti, Mq, mask=ttmask)
-    tl.store(base + o_vec + tt, rk, mask=tmask)
-    tl.store(base + o_vec + T + tt, rq, mask=tmask)
-    tl.store(base + o_vec + 2 * T + tt, eD, mask=tmask)
-    tl.store(base + o_vec + 3 * T + tt, bd, mask=tmask)
-    tl.store(base + o_vec + 4 * T, eC)
-
-
-@triton.jit
-def _load_coefs(coef_ptr, b, h, ll, tt, tmask, T: tl.constexpr, HV: tl.constexpr, REC: tl.constexpr,
-                BLOCK_L: tl.constexpr):
-    """The pre-pass's record of (b, h) as padded tiles (0 past T)."""
-    o_gq, o_x, o_mq, o_vec = _coef_offsets(T, BLOCK_L)
-    base = coef_ptr + (b * HV + h) * REC
-    lt = ll[:, None] * T + tt[None, :]
-    ltmask = tmask[None, :] & (ll < BLOCK_L)[:, None]
-    GKw = tl.load(base + lt, mask=ltmask, other=0.0)
-    GQw = tl.load(base + o_gq + lt, mask=ltmask, other=0.0)
-    tti = tt[:, None] * T + tt[None, :]
-    ttmask = tmask[:, None] & tmask[None, :]
-    X = tl.load(base + o_x + tti, mask=ttmask, other=0.0)
-    Mq = tl.load(base + o_mq + tti, mask=ttmask, other=0.0)
-    rk = tl.load(base + o_vec + tt, mask=tmask, other=0.0)
-    rq = tl.load(base + o_vec + T + tt, mask=tmask, other=0.0)
-    eD = tl.load(base + o_vec + 2 * T + tt, mask=tmask, other=0.0)
-    bd = tl.load(base + o_vec + 3 * T + tt, mask=tmask, other=0.0)
-    eC = tl.load(base + o_vec + 4 * T)
-    return rk, rq, GKw, GQw, eC, eD, X, Mq, bd
-
-
-@triton.jit
 def _gdn_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, coef_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sgh, sbb, sbt, sbh, sob, sot, soh,
     scale,
     T: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
-    EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, HEAD_LOOP: tl.constexpr, PREPASS: tl.constexpr,
-    REC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
 ):
     """All T draft outputs for [BLOCK_V, dk] state tiles from the read checkpoint and the
-    buffer, in matrix form (drafts j as columns; every tile dim >= 16 for tl.dot).
+    buffer, in matrix form. The drafts are packed as columns of one operand: column j < T is
+    draft j's key, column T + j its query (BLOCK_P = max(16, next_pow2(2T)) columns; every
+    tile dim >= 16 for tl.dot), so each product with the state or the stored keys is one MMA.
 
     n = cursor (plain read, not moved); c_i = g_0 + .. + g_i over the buffer, C = c_{n-1};
     D_j = gd_0 + .. + gd_j over the drafts; k, q l2-normalised (q also scaled) by factors
     applied after the raw dots, so the Gram and state MMAs multiply stored values.
-        SK = S_c Kd^T, SQ = S_c Qd^T                               [BV, T]  (MMA over dk: S_PREC)
-        S_{n-1} k_j = e^C SK + U^T (w * Kb Kd^T),  w_i = e^{C - c_i}      (q likewise)
+        SP = S_c P^T                                               [BV, BP]  (MMA over dk: S_PREC)
+        S_{n-1} p = e^C SP + U^T (w * Kb P^T),  w_i = e^{C - c_i}     (every column p)
     Drafts: u_j = beta_j (v_j - e^{D_j} S_{n-1} k_j - sum_{m<j} e^{D_j - D_m} (k_m.k_j) u_m),
-    i.e. Ud (I + M) = R with M[m, j] = [m < j] beta_j e^{D_j - D_m} (k_m.k_j) strictly upper
-    triangular and R[:, j] = beta_j (v_j - e^{D_j} S_{n-1} k_j); (I + M)^-1 =
-    (I - M)(I + M^2)(I + M^4)(I + M^8) exactly (M^16 = 0).
-        O = e^{D_j} (S_{n-1} q_j) + Ud Mq,  Mq[m, j] = [m <= j] e^{D_j - D_m} (k_m.q_j)
+    i.e. Ud (I + M) = R with M[m, j] = [m < j < T] beta_j e^{D_j - D_m} (k_m.k_j) strictly
+    upper triangular and R[:, j] = beta_j (v_j - e^{D_j} S_{n-1} k_j) (zero off the k columns);
+    (I + M)^-1 = (I - M)(I + M^2)... exactly (M^T = 0).
+        O[:, T + j] = e^{D_j} (S_{n-1} q_j) + (Ud Mq)[:, T + j],  Mq[m, T + j] = [m <= j] e^{D_j - D_m} (k_m.q_j)
     Grid (row tiles, Hv, batch): one tile per program, its dk loop computing the state dots and
-    the (per-head) Gram matrices together, so the state loads go first. HEAD_LOOP: grid
-    (1, Hv, batch); the program computes the per-head coefficients once, then loops over the
-    head's row tiles (no per-tile repetition of the Gram work). PREPASS: the per-head
-    coefficients come from _gdn_verify_coef_kernel (launched just before, record at coef_ptr),
-    so the dk loop only streams the state. EARLY_BUF loads the buffer rows
-    < BLOCK_L before the cursor arrives; rows >= n are selected away (never multiplied). No
-    per-draft state; drafts written to the buffer at n..n+T-1 (u; k, g once; dual: v, beta).
+    the (per-head) Gram matrices together, so the state loads go first. EARLY_BUF loads the
+    buffer rows < BLOCK_L before the cursor arrives; rows >= n are selected away (never
+    multiplied). No per-draft state; drafts written to the buffer at n..n+T-1 (u; k, g once;
+    dual: v, beta).
     """
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     GROUP: tl.constexpr = HV // HK
     kh = h // GROUP
-    tt, tmask, ll, live, slot64, ltm, ent = _verify_slot(idx_ptr, b, T, L, BLOCK_T, BLOCK_L)
-    if EARLY_BUF or PREPASS:
+    pc = tl.arange(0, BLOCK_P)
+    kcol0 = pc < T
+    qcol0 = (pc >= T) & (pc < 2 * T)
+    dj = tl.where(kcol0, pc, pc - T)                                           # draft of each column
+    ll = tl.arange(0, BLOCK_L)
+    slot = tl.load(idx_ptr + b)
+    live = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    kcol = kcol0 & live
+    qcol = qcol0 & live
+    ent = slot64 * L + ll
+    if EARLY_BUF:
         lm = (ll < L) & live
     else:
         n = tl.load(cur_ptr + slot64, mask=live, other=0)
@@ -1188,53 +1096,35 @@ def _gdn_verify_kernel(
     rmask = rows < DV
     lrows = rmask & live
     row_off = (slot64 * HV + h) * DV + rows
-    SK, SQ, GK, GQ, KK, KQ, nk, nq, nkb = _verify_dk_loop(
-        rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
-        BLOCK_V, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, not HEAD_LOOP, not PREPASS, S_PREC, K_PREC, INTERP)
-    gd = tl.load(g_ptr + b * sgb + tt * sgt + h * sgh, mask=ltm, other=0.0).to(tl.float32)
-    if PREPASS:
+    SP, GP, PP, nP, nkb = _verify_dk_loop(
+        rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol, skb, skt, skh, sqb, sqt, sqh,
+        BLOCK_V, BLOCK_P, BLOCK_L, BLOCK_K, DK, HK, S_PREC, K_PREC, INTERP)
+    gp = tl.load(g_ptr + b * sgb + dj * sgt + h * sgh, mask=kcol | qcol, other=0.0).to(tl.float32)
+    bp = tl.load(beta_ptr + b * sbb + dj * sbt + h * sbh, mask=kcol, other=0.0).to(tl.float32)
+    gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
+    if EARLY_BUF:
         n = tl.load(cur_ptr + slot64, mask=live, other=0)
         lm = (ll < n) & live
-        rk, rq, GKw, GQw, eC, eD, X, Mq, bd = _load_coefs(coef_ptr, b, h, ll, tt, tmask, T, HV, REC, BLOCK_L)
-    else:
-        bd = tl.load(beta_ptr + b * sbb + tt * sbt + h * sbh, mask=ltm, other=0.0).to(tl.float32)
-        gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-        if EARLY_BUF:
-            n = tl.load(cur_ptr + slot64, mask=live, other=0)
-            lm = (ll < n) & live
-            gch = tl.where(lm, gch, 0.0)
-        rk, rq, GKw, GQw, eC, eD, X, Mq = _verify_coefs(GK, GQ, KK, KQ, nk, nq, nkb, gch, gd, bd, lm, tt, tmask,
-                                                          scale, EPS, BLOCK_T, SMALL_PREC, INTERP)
-    if HEAD_LOOP:
-        for r0 in tl.range(0, DV, BLOCK_V):
-            rows = r0 + tl.arange(0, BLOCK_V)
-            rmask = rows < DV
-            lrows = rmask & live
-            row_off = (slot64 * HV + h) * DV + rows
-            SK, SQ, _, _, _, _, _, _, _ = _verify_dk_loop(
-                rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, tt, ltm, skb, skt, skh, sqb, sqt, sqh,
-                BLOCK_V, BLOCK_T, BLOCK_L, BLOCK_K, DK, HK, True, False, S_PREC, K_PREC, INTERP)
-            _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm,
-                         tt, tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, X, Mq,
-                         svb, svt, svh, sob, sot, soh, HV, DV, L, RD_FP8, DUAL, SMALL_PREC, INTERP)
-    else:
-        _verify_rows(SK, SQ, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm,
-                     tt, tmask, ltm, n, slot64, rk, rq, GKw, GQw, eC, eD, bd, X, Mq,
-                     svb, svt, svh, sob, sot, soh, HV, DV, L, RD_FP8, DUAL, SMALL_PREC, INTERP)
+        gch = tl.where(lm, gch, 0.0)
+    r, GPw, eC, eD, X, Mq = _verify_coefs(GP, PP, nP, nkb, gch, gp, bp, lm, pc, kcol, qcol, scale, T, EPS,
+                                          SMALL_PREC, INTERP)
+    _verify_rows(SP, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_ptr, o_ptr, b, h, ent, lm, pc, dj,
+                 kcol0, qcol0, live, n, slot64, r, GPw, eC, eD, bp, X, Mq,
+                 svb, svt, svh, sob, sot, soh, HV, DV, L, RD_FP8, DUAL, SMALL_PREC, INTERP)
 
     # the drafts' g (dual: beta) once per head, raw keys once per key head (re-read: L2 hits)
-    pos = n + tt
-    pm = ltm & (pos < L)
+    pos = n + pc
+    pm = kcol & (pos < L)
     dent = slot64 * L + pos
     if pid_v == 0:
-        tl.store(gb_ptr + dent * HV + h, gd, mask=pm)
+        tl.store(gb_ptr + dent * HV + h, gp, mask=pm)
         if DUAL:
-            tl.store(bb_ptr + dent * HV + h, bd, mask=pm)
+            tl.store(bb_ptr + dent * HV + h, bp, mask=pm)
         if h % GROUP == 0:
             for c0 in tl.range(0, DK, BLOCK_K):
                 cols = c0 + tl.arange(0, BLOCK_K)
                 cm = pm[:, None] & (cols < DK)[None, :]
-                kr = tl.load(k_ptr + b * skb + tt[:, None] * skt + kh * skh + cols[None, :], mask=cm, other=0.0)
+                kr = tl.load(k_ptr + b * skb + pc[:, None] * skt + kh * skh + cols[None, :], mask=cm, other=0.0)
                 tl.store(kb_ptr + (dent * HK + kh)[:, None] * DK + cols[None, :],
                          cast(kr.to(tl.float32), kb_ptr.dtype.element_ty, INTERP), mask=cm)
 
@@ -1435,16 +1325,6 @@ def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):
     return _gdn_fold_kernel, (nt, Hv, rows), args, meta
 
 
-def _coef_scratch(rs: GDNReplayState, numel: int, device) -> torch.Tensor:
-    """fp32 scratch [>= numel] for the PREPASS verify route's coefficient records (kept on the
-    state object, like _nxt: one allocation serves every round and a captured graph)."""
-    t = getattr(rs, "_gdn_vcoef", None)
-    if t is None or t.numel() < numel or t.device != torch.device(device):
-        t = torch.empty(max(numel, 1), dtype=torch.float32, device=device)
-        rs._gdn_vcoef = t
-    return t
-
-
 def _f32_precision(a: torch.dtype, b: torch.dtype) -> str:
     """Verify MMA precision of operands stored as a (the fp32 side when one is) and b, per
     VERIFY_F32_PRECISION."""
@@ -1453,9 +1333,8 @@ def _f32_precision(a: torch.dtype, b: torch.dtype) -> str:
     return mma_precision(a, b, VERIFY_F32_PRECISION)
 
 
-def plan_verify_all(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None) -> list:
-    """Launch plans of one verify: [main], or [coefficient pre-pass, main] when the config says
-    PREPASS (an opt-in tuning variant; see _gdn_verify_kernel)."""
+def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
+    """Launch plan of one verify (_gdn_verify_kernel)."""
     batch, T, Hv, dv = v.shape
     Hk, dk = k.shape[2], k.shape[3]
     L = rs.capacity
@@ -1464,48 +1343,23 @@ def plan_verify_all(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, 
     if T > 16:
         raise ValueError(f"draft window {T} > 16 is not supported by the verify kernel")
     cfg = pick_config("verify", batch, dv, dk, L, {**OVERRIDE.get("verify", {}), **(config or {})})
-    # FMA (opt-in; 5-7x slower on the H200): every product as broadcast FMAs, tiles at true sizes
-    fma = bool(cfg.get("FMA", False))
-    least = 2 if fma else 16              # tl.dot needs every dim >= 16
-    cfg["BLOCK_V"] = max(least, cfg["BLOCK_V"])
-    cfg["BLOCK_K"] = max(least, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
-    head_loop = bool(cfg.get("HEAD_LOOP", False))
-    prepass = bool(cfg.get("PREPASS", False))
-    nt = 1 if head_loop else triton.cdiv(dv, cfg["BLOCK_V"])
-    _check_rs(rs, nt * Hv)
+    cfg["BLOCK_V"] = max(16, cfg["BLOCK_V"])                    # tl.dot needs every dim >= 16
+    cfg["BLOCK_K"] = max(16, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
+    _check_rs(rs, triton.cdiv(dv, cfg["BLOCK_V"]) * Hv)
     rd, rd_sc, rd_fp8 = _ckpt_args(rs.read_ckpt)
     buf, dual = _buffer_args(rs)
-    block_l = max(least, triton.next_power_of_2(min(rs.flush_period, L)))
-    rec = 2 * block_l * T + 2 * T * T + 4 * T + 1            # one coefficient record (_coef_offsets)
-    coef = _coef_scratch(rs, batch * Hv * rec, v.device) if prepass else o
     idx = _rows_index(state_indices, batch, v.device)
-    k_prec = "fma" if fma else _f32_precision(rs.k.dtype, k.dtype)
-    small = "fma" if fma else cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32))
-    args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, coef,
-            *_strides(q, k, v, g, beta, o, dims=3), scale]
-    s_prec = "fma" if fma else (cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype))
-    meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_L=block_l,
-                        BLOCK_T=max(least, triton.next_power_of_2(T)), RD_FP8=rd_fp8, DUAL=dual,
-                        S_PREC=s_prec, K_PREC=k_prec, EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
-                        SMALL_PREC=small, HEAD_LOOP=head_loop, PREPASS=prepass, REC=rec)
-    if "num_stages" in cfg:   # software-pipelining depth of the dk loop (Triton's default otherwise)
-        meta["num_stages"] = int(cfg["num_stages"])
-    plans = [(_gdn_verify_kernel, (nt, Hv, batch), args, meta)]
-    if prepass:
-        kb, gb = buf[1], buf[2]
-        cargs = [q, k, g, beta, idx, kb, gb, rs.cursor, coef,
-                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                 g.stride(0), g.stride(1), g.stride(2), beta.stride(0), beta.stride(1), beta.stride(2), scale]
-        cmeta = dict(T=T, HV=Hv, HK=Hk, DK=dk, L=L, BLOCK_K=cfg["BLOCK_K"], BLOCK_L=block_l,
-                     BLOCK_T=meta["BLOCK_T"], REC=rec, K_PREC=k_prec, SMALL_PREC=small, INTERP=interpreting(),
-                     EPS=L2_EPS, num_warps=int(cfg.get("PRE_WARPS", 4)))
-        plans.insert(0, (_gdn_verify_coef_kernel, (Hv, batch), cargs, cmeta))
-    return plans
-
-
-def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
-    """The main verify launch plan (plan_verify_all's last)."""
-    return plan_verify_all(rs, q, k, v, g, beta, state_indices, scale, o, config)[-1]
+    args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, *_strides(q, k, v, g, beta, o, dims=3), scale]
+    meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
+                        BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
+                        BLOCK_P=max(16, triton.next_power_of_2(2 * T)), RD_FP8=rd_fp8, DUAL=dual,
+                        S_PREC=cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype),
+                        K_PREC=_f32_precision(rs.k.dtype, k.dtype), EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
+                        SMALL_PREC=cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32)))
+    for opt in ("num_stages", "maxnreg"):   # dk-loop pipelining depth, register budget (else Triton's / ptxas's)
+        if opt in cfg:
+            meta[opt] = int(cfg[opt])
+    return _gdn_verify_kernel, (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch), args, meta
 
 
 def _launch(plan) -> None:
@@ -1562,8 +1416,7 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
     q, k, v = last_contig(q), last_contig(k), last_contig(v)
     o = torch.empty_like(v) if out is None else out
     if v.shape[0]:
-        for plan in plan_verify_all(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config):
-            _launch(plan)
+        _launch(plan_verify(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config))
     return o
 
 

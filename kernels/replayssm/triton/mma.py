@@ -11,10 +11,7 @@ when one operand is exact. Two cheaper splits, by truncation (hi = the top 19 bi
 word, lo = a - hi exactly; the tensor core ignores the 13 low bits of lo): "tf32x2t" for a times
 b with b exact in tf32 (bf16 / fp16 / fp8 values: the drafts' keys and queries, C): a split,
 two passes, ~2^-20 per product; "tf32x3t" when both are fp32: hi*hi + hi*lo + lo*hi, ~2^-20.
-"fma": no tl.dot at all, a broadcast multiply and a
-sum over the inner dim in fp32 (exact per product, like "ieee"): no 16-row/column minimum and
-no operand layout shuffles, for the small matrices of a few drafts (tl.dot pads every dim to
-16). Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
+Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
 precisions, every tl.dot product runs in fp32 ("ieee"); the truncation splits run as written
 there (their tf32 dots in fp32), so the CPU tests check their algebra, the GPU tests their error.
 """
@@ -58,9 +55,7 @@ def tf32_split(a):
 @triton.jit
 def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
     """acc + a @ b (float32 accumulator) at precision PREC (module doc)."""
-    if PREC == "fma":
-        r = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
-    elif PREC == "tf32x2t":     # b exact in tf32; small term first
+    if PREC == "tf32x2t":     # b exact in tf32; small term first
         b32 = b.to(tl.float32)
         hi, lo = tf32_split(a.to(tl.float32))
         r = tl.dot(hi, b32, tl.dot(lo, b32, acc, input_precision="tf32"), input_precision="tf32")
@@ -81,9 +76,7 @@ def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 @triton.jit
 def mm(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
     """a @ b -> float32 at precision PREC (module doc)."""
-    if PREC == "fma":
-        r = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
-    elif (PREC == "tf32x2t") or (PREC == "tf32x3t"):
+    if (PREC == "tf32x2t") or (PREC == "tf32x3t"):
         r = mma_acc(a, b, tl.zeros([a.shape[0], b.shape[1]], tl.float32), PREC, EXACT)
     elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")

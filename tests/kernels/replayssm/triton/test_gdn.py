@@ -439,18 +439,12 @@ VERIFY_CASES = [
     ("dual-bf16-T4", TINY, "dual", "float32", "bfloat16", torch.float32, 4, 4, 8, None),
     ("shared-fp8-T1", TINY, "shared-low", "float32", "float8_e4m3", torch.float32, 1, 2, 3, None),
     ("f32-gqa-T2", GQA, "replay", "float32", None, torch.bfloat16, 2, 3, 5, {"BLOCK_V": 8}),
-    # one program per head looping over 3 row tiles (dv 40), dk in 2 chunks; buffer read after the cursor
-    ("head-loop-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
-     {"HEAD_LOOP": True, "BLOCK_V": 16, "CHUNK_K": 16, "EARLY_BUF": False}),
-    # per-head coefficients from the pre-pass launch; 3 row tiles read the same record
-    ("prepass-f32-gqa-T4", TALL, "replay", "float32", None, torch.float32, 4, 3, 7,
-     {"PREPASS": True, "BLOCK_V": 16, "CHUNK_K": 16}),
-    ("prepass-dual-fp8-gqa-T2", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 2, 3, 5, {"PREPASS": True}),
-    # broadcast-FMA products at the tiles' true sizes (T 3 -> 4 columns, K 4 -> 4 buffer rows, 8-wide tiles)
-    ("fma-f32-T3", TALL, "replay", "float32", None, torch.float32, 3, 4, 7, {"FMA": True, "BLOCK_V": 8, "CHUNK_K": 8}),
-    ("fma-dual-bf16-gqa-T4", GQA, "dual", "float32", "bfloat16", torch.bfloat16, 4, 3, 7, {"FMA": True}),
-    ("fma-prepass-fp8-T2", TINY, "dual", "float32", "float8_e4m3", torch.float32, 2, 3, 5,
-     {"FMA": True, "PREPASS": True, "BLOCK_V": 4}),
+    # packed draft columns [k | q]: T 8 fills 16 columns; T 9 takes 32 (dv 40: 3 row tiles, dk 2 chunks);
+    # buffer read after the cursor
+    ("packed-full-dual-bf16-T8", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 8, 4, 12,
+     {"BLOCK_V": 16, "CHUNK_K": 16, "EARLY_BUF": False}),
+    ("packed-wide-f32-gqa-T9", TALL, "replay", "float32", None, torch.float32, 9, 3, 12, {"BLOCK_V": 16}),
+    ("dual-fp8-gqa-T5", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 5, 3, 8, None),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
@@ -523,14 +517,11 @@ for b in (1, 256):
     res[f"fold dual b{b}"] = G.plan_fold(rs("dual", "float8_e4m3"), torch.empty(b, dtype=torch.int32, device=M), None, 1)
     iv = x(b, 4)
     res[f"verify T4 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv, state_indices=None, scale=.1, o=iv["v"])
-    for j, p in enumerate(G.plan_verify_all(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
-                                            config={"PREPASS": True})):   # tuning variant: pre-pass + main
-        res[f"verify prepass T4 b{b} launch {j}"] = p
     res[f"verify fp32 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"])
     res[f"verify tf32x3 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1,
                                                  o=iv["v"], config={"S_PREC": "tf32x3", "SMALL_PREC": "tf32x3"})
-    res[f"verify fma T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"],
-                                               config={"FMA": True, "BLOCK_V": 32, "CHUNK_K": 16, "num_warps": 4})
+    iv8 = x(b, 8)
+    res[f"verify T8 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv8, state_indices=None, scale=.1, o=iv8["v"])
 print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))
 """
 
