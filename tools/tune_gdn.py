@@ -30,7 +30,8 @@ BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
 # TUNE_MODES: comma list of what to search, for a focused probe that fits a short device call:
 # batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16), their
 # small-program lists (lean-f32, lean-dual-bf16, lean-bf16), flush-step lists (flush-dual-bf16,
-# flush-dual-fp8, flush-bf16, flush-f32; flush-dual-bf16-b8 / -b16 / -b32 at those batches) and
+# flush-dual-fp8, flush-bf16, flush-f32; flush-dual-bf16-b8 / -b16 / -b32 at those batches),
+# route-dual-b2 / -b4 / -b8 (dual bf16: eager route vs buffered) and
 # b1 / b4 / b8 / b32 (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything,
 # then batch 1/32 and Qwen3.5-4B around this run's winners.
 FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
@@ -304,8 +305,15 @@ FLUSH_SMALL = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4,
 # (rank-1, s7c: 0.85), Qwen3.5-122B at 0.97 (0.92) in h200-small-batch-20261130-s8b
 FLUSH_B32 = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4, F_NR=1),
              rcfg(**_SMALL_OUT, **_W16, F_NR=1), rcfg(**_SMALL_OUT, **_W16, F_NR=2), rcfg(**_SMALL_OUT, **_W16, F_NR=8)]
+# Dual states at batch 2 / 4 / 8 (TUNE_MODES route-dual-b2, -b4, -b8): the eager route (a flush
+# at every step, both copies written: no byte saving; DUAL_ROUTE_BATCH) against the buffered table
+# rows (fused 8 x 1 warp at batch <= 4, split 32 x 4 warps above); h200-small-batch-20261130-s8c had
+# the buffered dual at 0.63-0.73x our fp32 eager at b2-b4
+DUAL_SMALL = [rcfg(8, 1, prefetch=True), rcfg(32, 4, 2, 2, 2, 2, True, True, F_NR=1, F_BLOCK_V=16, F_num_warps=2),
+              ROUTE(4, 1), ROUTE(8, 1), ROUTE(8, 2), ROUTE(16, 1)]
 # TUNE_MODES names of the focused lists: (mode, configs, batch, models)
-EXTRA = {**{f"lean-{m}": (m, c, 256, ("q122b",)) for m, c in LEAN.items()},
+EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) for b in (2, 4, 8)},
+         **{f"lean-{m}": (m, c, 256, ("q122b",)) for m, c in LEAN.items()},
          **{f"flush-{m}": (m, c, 256, ("q122b",)) for m, c in FLUSH.items()},
          **{f"flush-dual-bf16-b{b}": ("dual-bf16", FLUSH_SMALL, b, ("q122b",)) for b in (8, 16)},
          "flush-dual-bf16-b32": ("dual-bf16", FLUSH_B32, 32, ("q122b", "q4b"))}
@@ -322,9 +330,9 @@ SMALL = {  # batch 1 and 32: fp32 only
                  ROUTE(8, 2), ROUTE(16, 1), ROUTE(32, 4)],
          "eager-f32": [EAGER(16, 2), EAGER(32, 4), EAGER(16, 4), EAGER(8, 2)]},
 }
-# batch 4 and 8: where the eager route stops paying (the buffered rows first: session 5's
+# batch 2, 4 and 8: where the eager route stops paying (the buffered rows first: session 5's
 # shipped fused 8 x 1 warp at batch <= 4, split 32 x 4 warps above)
-for _b in (4, 8):
+for _b in (2, 4, 8):
     SMALL[_b] = {"f32": [rcfg(8, 1, prefetch=True), rcfg(32, 4, 2, 2, 2, 2, True, True), ROUTE(4, 1), ROUTE(8, 1),
                          ROUTE(8, 2), ROUTE(16, 1)],
                  "eager-f32": [EAGER(4, 1), EAGER(8, 2), EAGER(8, 1)]}

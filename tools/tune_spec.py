@@ -101,7 +101,8 @@ MAMBA2_VARIANTS: dict[str, dict] = {
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
-# OVERRIDE["fold"] (BLOCK_V, num_warps) of the commit's fold.
+# OVERRIDE["fold"] of the commit (COMMIT_FOLD: the rank-1 fold kernel; F_<key>: the flush step's
+# "commit" / "commit_dual" table row).
 GDN_VARIANTS: dict[str, dict] = {
     "default": {},
     # the packed [k | q] draft operand (session 9) freed registers (sm_90, Qwen3.5-122B T4: fp32 64x2w
@@ -121,6 +122,14 @@ GDN_VARIANTS: dict[str, dict] = {
     # split "tf32x3t"; the state tile's "tf32x2t" vs "tf32x3"
     "sm-tf32x3": dict(SMALL_PREC="tf32x3"),
     "old-tf32x3": dict(S_PREC="tf32x3", SMALL_PREC="tf32x3"),
+    # the commit (session 9: a cursor snapshot + the flush step's matrix-product fold): the rank-1
+    # fold kernel it replaced, and twice the flush-step workers per head block
+    "commit-fold": {"fold": dict(COMMIT_FOLD=True)},
+    "commit-nw2": {"fold": dict(F_NW_MUL=2)},
+    "commit-v16w4": {"fold": dict(F_BLOCK_V=16, F_num_warps=4)},
+    "commit-v32w4": {"fold": dict(F_BLOCK_V=32, F_num_warps=4)},
+    "commit-v64w8": {"fold": dict(F_BLOCK_V=64, F_num_warps=8)},
+    "commit-v16w4-nr2": {"fold": dict(F_BLOCK_V=16, F_num_warps=4, F_NR=2)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

@@ -97,6 +97,11 @@ CONFIGS: dict[str, list[tuple]] = {
     # b32: 18.9 / 33.2 / 57.6 us vs 28.9 / 52.9 / 70.0 (NR 8) and 21.2 / 37.9 / 73.8 rank-1;
     # Qwen3.5-4B b32 33.4 vs 53.9 / 41.7 (tune_gdn_flush_dual_small.txt, _b32.txt; b64-128 untimed)
     "flush_step_dual": [(64, 16, 2, dict(_DUAL_FLUSH, NR=1)), (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
+    # the speculative commit's fold (plan_commit: the flush step with up to K + T - 1 entries, so
+    # 32-entry Gram / inverse tiles at T <= 16): dual 16 rows x 4 warps, the 2-warp tiles of
+    # flush_step_dual spill there (sm_90; 32 rows x 4 warps spill at batch 256)
+    "commit":   [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1))],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
     "verify":   [(4, 16, 1), (None, 64, 2)],
@@ -111,8 +116,8 @@ MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 VERIFY_F32_PRECISION = "split"
 VERIFY_CHUNK_K = 32   # dk columns per MMA step of the verify kernel's loop over the state tile
 # Tuning hook: OVERRIDE["verify"] = {BLOCK_V, num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC,
-# num_stages, maxnreg} and OVERRIDE["fold"] = {BLOCK_V, num_warps} replace the table for every
-# shape (a per-call `config` wins). Empty in normal use.
+# num_stages, maxnreg} and OVERRIDE["fold"] = {BLOCK_V, num_warps, COMMIT_FOLD, F_<flush-step key>}
+# replace the table for every shape (a per-call `config` wins). Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
 # Route small batches as the table says (rows with EAGER_ROUTE). False: those rows are skipped,
 # so every replay step buffers (the buffered route's own small-batch rows serve), as tests of
@@ -709,8 +714,10 @@ def _gdn_flush_step_kernel(
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
+    WRITE_O: tl.constexpr = True,
 ):
-    """Second launch of a SPLIT replay step: the flushes and the cursor moves.
+    """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
+    speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
 
     nxt[b] = the cursor each batch row had (-1: padded), stored by the output-only launch,
     which also appended this step's entry at n. Rows with n + 1 >= K flush: NW workers per
@@ -792,8 +799,9 @@ def _gdn_flush_step_kernel(
                 kf = kb.to(tl.float32)
                 rk = tl.rsqrt(tl.sum(kf * kf, 1) + EPS)                                  # 1 / |k_i|
             if DUAL:
-                qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
-                qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
+                if WRITE_O:
+                    qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
+                    qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
                 if FOLD_MMA:   # k_m . k_j of the normalised keys [BL, BL] (rows / columns past n: 0)
                     KK = mm(kb, tl.trans(kb), GRAM_PREC, INTERP) * rk[:, None] * rk[None, :]
                     ups = (ll[:, None] < ll[None, :]) & lm[None, :]                      # m < j <= n
@@ -834,8 +842,9 @@ def _gdn_flush_step_kernel(
                         R_ = bl[None, :] * (V - rc[None, :] * P)
                         U = R_ + mm(R_, X, SMALL_PREC, INTERP)                     # R (I + M)^-1
                         S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
-                        o = tl.sum(S * qn[None, :], 1)
-                        tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                        if WRITE_O:
+                            o = tl.sum(S * qn[None, :], 1)
+                            tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
                         _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                     elif DUAL:
                         for i in tl.static_range(L):    # unrolled: every entry's loads issue up front
@@ -849,8 +858,9 @@ def _gdn_flush_step_kernel(
                             bi = tl.where(i_ok, tl.load(bb_ptr + ei_).to(tl.float32), 0.0)
                             ui = bi * (vi - ai * tl.sum(S * ki[None, :], 1))
                             S = ai * S + ui[:, None] * ki[None, :]
-                        o = tl.sum(S * qn[None, :], 1)
-                        tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
+                        if WRITE_O:
+                            o = tl.sum(S * qn[None, :], 1)
+                            tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
                         _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                     elif FOLD_MMA:
                         U = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
@@ -877,6 +887,20 @@ def _gdn_flush_step_kernel(
                                                                     .to(tl.float32)), wrun)
                         S = wrun * S + F
                     _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
+
+
+@triton.jit
+def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, BLOCK_B: tl.constexpr):
+    """First launch of a speculative commit: nxt[b] = cursor + accepted[b] - 1, the last entry
+    the commit keeps (-1 for a padded row, or a row with nothing committed: the flush step
+    then leaves it alone). A launch of its own because the flush step rewrites the cursors
+    while its other programs read these values."""
+    bb = tl.arange(0, BLOCK_B)
+    bm = bb < batch
+    slot = tl.load(idx_ptr + bb, mask=bm, other=-1)
+    live = slot >= 0
+    n = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0) + tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
+    tl.store(nxt_ptr + bb, tl.where(live, n - 1, -1), mask=bm)
 
 
 # ----------------------------------------------------------------------------- fold
@@ -1253,30 +1277,44 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                 RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, **rm, **ck_meta)
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
-        fc = pick_config("flush_step_dual" if dual else "flush_step", batch, dv, dk, L, None,
-                         state_bytes=rs.hi.data.element_size())
-        fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
-        fc["BLOCK_V"] = min(fc["BLOCK_V"], triton.next_power_of_2(dv))
-        fm = replay_meta(fc, L, dv, Hv // Hk, rs.flush_period)
-        fnrs = triton.cdiv(dv, fm["BLOCK_R"] * fm["NR"])
-        nw = max(1, min(batch, triton.cdiv(batch, max(rs.flush_period, 1)) * int(fc.get("NW_MUL", 1))))
-        fgrid = ((Hv // Hk) // fm["HP"] * fnrs, Hk, nw)
-        fargs = [q, o, idx, nxt, *ck, *buf, rs.cursor, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
-        fmeta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"],
-                     HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
-                     NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
-                     HI_LPR=hi_lpr, HI_LS=hi_ls, **ck_meta)
-        # FOLD_MMA (see the kernel): a 16- or 32-bit high copy (fp8 keeps its rank-1 fold), tiles
-        # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv_minus_eye)
-        if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
-                and min(fm["BLOCK_R"], cfg["BLOCK_K"]) >= 16 and L <= 64):
-            fmeta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
-                         FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"),
-                         P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
-                         SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
-                         GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
-        plans.append((_gdn_flush_step_kernel, fgrid, fargs, fmeta))
+        plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, config, "flush_step", rows_per=1))
     return plans
+
+
+def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, scale, config, op: str,
+                     rows_per: int, write_o: bool = True):
+    """Plan of _gdn_flush_step_kernel over `batch` rows whose last kept entry is nxt[b] (the
+    SPLIT replay step's second launch; the commit's fold with write_o False). rows_per: the
+    most entries a row gains per call (step 1, commit T), which sizes the workers per head
+    block, NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round.
+    Table rows: op ("flush_step", "commit"), dual states op + "_dual"; config keys "F_<KEY>"
+    override them."""
+    _, Hv, dv, _ = rs.hi.data.shape
+    Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
+    dual = rs.mode == "dual"
+    fc = pick_config(op + "_dual" if dual else op, batch, dv, dk, L, None, state_bytes=rs.hi.data.element_size())
+    fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
+    fm = replay_meta(fc, L, dv, Hv // Hk, K)
+    nw = max(1, min(batch, triton.cdiv(batch * rows_per, K) * int(fc.get("NW_MUL", 1))))
+    grid = ((Hv // Hk) // fm["HP"] * triton.cdiv(dv, fm["BLOCK_R"] * fm["NR"]), Hk, nw)
+    ck, ck_meta = _hi_lo_args(rs)
+    buf, _ = _buffer_args(rs)
+    hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
+    args = [q, o, idx, nxt, *ck, *buf, rs.cursor, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
+    meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"],
+                HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
+                NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
+                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, **ck_meta)
+    # FOLD_MMA (see the kernel): a 16- or 32-bit high copy (fp8 keeps its rank-1 fold), tiles
+    # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv_minus_eye)
+    if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
+            and min(fm["BLOCK_R"], fc["BLOCK_K"]) >= 16 and L <= 64):
+        meta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
+                    FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"),
+                    P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
+                    SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
+                    GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
+    return _gdn_flush_step_kernel, grid, args, meta
 
 
 def takes_eager_route(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
@@ -1406,9 +1444,31 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, config=None) ->
     fold(rs, slots, None, 1, config)
 
 
+def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, config=None) -> list:
+    """Launch plans of a speculative commit: [nxt = cursor + accepted - 1 (_gdn_commit_cursor_kernel),
+    the flush step over those rows (its FOLD_MMA fold, no output)]; a config with
+    COMMIT_FOLD: [the rank-1 fold kernel with the ticket cursor] (the route before session 9)."""
+    batch = accepted.shape[0]
+    idx = _rows_index(state_indices, batch, accepted.device)
+    config = {**OVERRIDE.get("fold", {}), **(config or {})}
+    if config.get("COMMIT_FOLD"):
+        return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
+    nxt = _nxt(rs, batch, accepted.device)
+    bb = triton.next_power_of_2(batch)
+    snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch],
+            dict(BLOCK_B=bb, num_warps=4 if bb >= 256 else 1))
+    T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
+    # no output: the buffers stand in for q and o (unread)
+    step = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, config, "commit", rows_per=T,
+                            write_o=False)
+    return [snap, step]
+
+
 def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, config=None) -> None:
     """cursor += accepted[b]; fold where the cursor reached K (on the device)."""
-    fold(rs, _rows_index(state_indices, accepted.shape[0], accepted.device), accepted, rs.flush_period, config)
+    if accepted.shape[0]:
+        for plan in plan_commit(rs, accepted, state_indices, config):
+            _launch(plan)
 
 
 def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, out=None, config=None):

@@ -445,6 +445,8 @@ VERIFY_CASES = [
      {"BLOCK_V": 16, "CHUNK_K": 16, "EARLY_BUF": False}),
     ("packed-wide-f32-gqa-T9", TALL, "replay", "float32", None, torch.float32, 9, 3, 12, {"BLOCK_V": 16}),
     ("dual-fp8-gqa-T5", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 5, 3, 8, None),
+    # commit through the rank-1 fold kernel (COMMIT_FOLD) instead of the flush step's fold
+    ("commit-fold-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
@@ -520,6 +522,10 @@ for b in (1, 256):
     res[f"verify fp32 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"])
     res[f"verify tf32x3 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1,
                                                  o=iv["v"], config={"S_PREC": "tf32x3", "SMALL_PREC": "tf32x3"})
+    acc = torch.empty(b, dtype=torch.int32, device=M)
+    for mode, lo in (("replay", None), ("dual", "bfloat16")):
+        for j, p in enumerate(G.plan_commit(rs(mode, lo, 20), acc, None)):
+            res[f"commit {mode} b{b} launch {j}"] = p
     iv8 = x(b, 8)
     res[f"verify T8 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv8, state_indices=None, scale=.1, o=iv8["v"])
 print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))
@@ -544,7 +550,8 @@ def test_kernels_compile_for_hopper_without_spills():
         # solve; it moves 1/K of the states; tools/tune_gdn.py flush-dual-*); the streaming
         # kernels need <= 192 for occupancy
         dual_flush = name.startswith("replay dual") and name.endswith("launch 1")
-        limit = 255 if name.startswith("verify") or dual_flush else 192
+        commit_fold = name.startswith("commit") and name.endswith("launch 1")   # 32-entry tiles, 1/K of the states
+        limit = 255 if name.startswith("verify") or dual_flush or commit_fold else 192
         assert u["regs"] <= limit, f"{name}: {u['regs']} registers/thread (occupancy)"
 
 
