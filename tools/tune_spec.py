@@ -122,14 +122,12 @@ GDN_VARIANTS: dict[str, dict] = {
     # split "tf32x3t"; the state tile's "tf32x2t" vs "tf32x3"
     "sm-tf32x3": dict(SMALL_PREC="tf32x3"),
     "old-tf32x3": dict(S_PREC="tf32x3", SMALL_PREC="tf32x3"),
-    # the commit (session 9: a cursor snapshot + the flush step's matrix-product fold): the rank-1
-    # fold kernel it replaced, and twice the flush-step workers per head block
+    # the commit (session 9: a cursor snapshot + the flush step's matrix-product fold, for fp32 states;
+    # dual states keep the rank-1 fold kernel): the other route, and the flush-step tiles around the table's
     "commit-fold": {"fold": dict(COMMIT_FOLD=True)},
-    "commit-nw2": {"fold": dict(F_NW_MUL=2)},
-    "commit-v16w4": {"fold": dict(F_BLOCK_V=16, F_num_warps=4)},
-    "commit-v32w4": {"fold": dict(F_BLOCK_V=32, F_num_warps=4)},
-    "commit-v64w8": {"fold": dict(F_BLOCK_V=64, F_num_warps=8)},
-    "commit-v16w4-nr2": {"fold": dict(F_BLOCK_V=16, F_num_warps=4, F_NR=2)},
+    "commit-step": {"fold": dict(COMMIT_FOLD=False)},
+    "commit-v32w4": {"fold": dict(F_BLOCK_V=32, F_NR=1)},
+    "commit-v16w4-nr4": {"fold": dict(F_NR=4)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

@@ -97,11 +97,14 @@ CONFIGS: dict[str, list[tuple]] = {
     # b32: 18.9 / 33.2 / 57.6 us vs 28.9 / 52.9 / 70.0 (NR 8) and 21.2 / 37.9 / 73.8 rank-1;
     # Qwen3.5-4B b32 33.4 vs 53.9 / 41.7 (tune_gdn_flush_dual_small.txt, _b32.txt; b64-128 untimed)
     "flush_step_dual": [(64, 16, 2, dict(_DUAL_FLUSH, NR=1)), (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
-    # the speculative commit's fold (plan_commit: the flush step with up to K + T - 1 entries, so
-    # 32-entry Gram / inverse tiles at T <= 16): dual 16 rows x 4 warps, the 2-warp tiles of
-    # flush_step_dual spill there (sm_90; 32 rows x 4 warps spill at batch 256)
-    "commit":   [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
-    "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1))],
+    # the speculative commit (plan_commit): the flush step's fold over up to K + T - 1 entries
+    # (32-entry tiles at T <= 16), 16 rows x 4 warps x 2 chunks per program. Qwen3.5-122B b256 T4
+    # round (verify + commit): 604 us vs 618 (32 x 4 warps, NR 1) and 703 with the rank-1 fold
+    # kernel (COMMIT_FOLD); Qwen3.5-4B 315 / 322 / 368 (tune_spec_commit.txt). Dual states keep
+    # the rank-1 fold kernel: the flush step's triangular solve at 32 entries ran the round in
+    # 1014 us (16 x 4 warps; 799 at 32 x 4 warps, which spills) vs 681
+    "commit":   [(None, 16, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1, COMMIT_FOLD=True))],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
     "verify":   [(4, 16, 1), (None, 64, 2)],
@@ -125,8 +128,11 @@ OVERRIDE: dict[str, dict] = {}
 SMALL_BATCH_ROUTE = True
 # Dual mode writes two copies on the eager route (no byte saving), so it takes the route only
 # up to this batch (latency-bound). H200, Qwen3.5-122B dual bf16: b1 4.36 us routed vs 5.88
-# buffered; b8 22.3 vs 21.2, b16 42.4 vs 37.7 (h200-small-batch-bf16-20261130 vs -20261130b).
-DUAL_ROUTE_BATCH = 1
+# buffered (h200-small-batch-bf16-20261130 vs -20261130b); one run (tune_gdn_route_dual.txt),
+# routed 4 rows x 1 warp vs the buffered table rows: Qwen3.5-122B b2 7.2 vs 8.7, b4 12.3 vs 13.3;
+# Qwen3.5-4B b2 4.4 vs 6.3, b4 7.2 vs 9.2; at b8 Qwen3.5-122B buffers faster (18.8 vs 22.4),
+# Qwen3.5-4B routes faster (12.4 vs 14.6).
+DUAL_ROUTE_BATCH = 4
 
 
 def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dict | None = None,
@@ -1446,12 +1452,14 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, config=None) ->
 
 def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, config=None) -> list:
     """Launch plans of a speculative commit: [nxt = cursor + accepted - 1 (_gdn_commit_cursor_kernel),
-    the flush step over those rows (its FOLD_MMA fold, no output)]; a config with
-    COMMIT_FOLD: [the rank-1 fold kernel with the ticket cursor] (the route before session 9)."""
+    the flush step over those rows (its FOLD_MMA fold, no output)]; where the table row (or the
+    config) says COMMIT_FOLD: [the rank-1 fold kernel with the ticket cursor] (dual states)."""
     batch = accepted.shape[0]
     idx = _rows_index(state_indices, batch, accepted.device)
     config = {**OVERRIDE.get("fold", {}), **(config or {})}
-    if config.get("COMMIT_FOLD"):
+    _, _, dv, dk = rs.hi.data.shape
+    row = pick_config("commit_dual" if rs.mode == "dual" else "commit", batch, dv, dk, rs.capacity, config)
+    if row.get("COMMIT_FOLD"):
         return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
     nxt = _nxt(rs, batch, accepted.device)
     bb = triton.next_power_of_2(batch)

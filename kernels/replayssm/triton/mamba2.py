@@ -121,7 +121,9 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
 #            address depends on the slot only): 0 none, 1 into L2, 2 into L1. Holds no
 #            registers, unlike `early`; for the late-loading lean kernels, whose state load
 #            otherwise starts only when the cursor has returned (session 8's Nsight Compute:
-#            54 % of the lean step's stall samples wait on global loads). Not timed yet.
+#            54 % of the lean step's stall samples wait on global loads). Measured slower, so
+#            off: b256 fp32 lean step 341 us with pf 1 or 2 vs 324 (Super), 324 vs 308 (Nano);
+#            fp8 dual 427 vs 318 (Super) (session 9, tools/tune_mamba2.py -pf1 / -pf2).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
 # Route batches <= ROUTE_BATCH[bytes] as the table's "route" rows say (where given). False: those rows
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at

@@ -445,8 +445,10 @@ VERIFY_CASES = [
      {"BLOCK_V": 16, "CHUNK_K": 16, "EARLY_BUF": False}),
     ("packed-wide-f32-gqa-T9", TALL, "replay", "float32", None, torch.float32, 9, 3, 12, {"BLOCK_V": 16}),
     ("dual-fp8-gqa-T5", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 5, 3, 8, None),
-    # commit through the rank-1 fold kernel (COMMIT_FOLD) instead of the flush step's fold
-    ("commit-fold-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
+    # commit: dual through the flush step's fold (the table: the rank-1 fold kernel), fp32 through
+    # the rank-1 fold kernel (the table: the flush step)
+    ("commit-step-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": False}),
+    ("commit-fold-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
@@ -524,7 +526,7 @@ for b in (1, 256):
                                                  o=iv["v"], config={"S_PREC": "tf32x3", "SMALL_PREC": "tf32x3"})
     acc = torch.empty(b, dtype=torch.int32, device=M)
     for mode, lo in (("replay", None), ("dual", "bfloat16")):
-        for j, p in enumerate(G.plan_commit(rs(mode, lo, 20), acc, None)):
+        for j, p in enumerate(G.plan_commit(rs(mode, lo, 20), acc, None, {"COMMIT_FOLD": False})):
             res[f"commit {mode} b{b} launch {j}"] = p
     iv8 = x(b, 8)
     res[f"verify T8 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv8, state_indices=None, scale=.1, o=iv8["v"])
