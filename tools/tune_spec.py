@@ -128,6 +128,13 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-step": {"fold": dict(COMMIT_FOLD=False)},
     "commit-v32w4": {"fold": dict(F_BLOCK_V=32, F_NR=1)},
     "commit-v16w4-nr4": {"fold": dict(F_NR=4)},
+    # larger flush-step programs: a whole head (NR 8), or all value heads of a key head (HP 4), so the
+    # per-sequence prologue (the 32 entries' keys, norms, decays) serves more rows
+    "commit-nr8": {"fold": dict(F_NR=8)},
+    "commit-hp4": {"fold": dict(F_HP=4)},
+    "commit-nr8-hp4": {"fold": dict(F_NR=8, F_HP=4)},
+    "commit-nr4-hp2": {"fold": dict(F_NR=4, F_HP=2)},
+    "commit-v32w4-nr4": {"fold": dict(F_BLOCK_V=32, F_NR=4)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
