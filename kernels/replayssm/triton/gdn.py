@@ -98,12 +98,14 @@ CONFIGS: dict[str, list[tuple]] = {
     # Qwen3.5-4B b32 33.4 vs 53.9 / 41.7 (tune_gdn_flush_dual_small.txt, _b32.txt; b64-128 untimed)
     "flush_step_dual": [(64, 16, 2, dict(_DUAL_FLUSH, NR=1)), (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
     # the speculative commit (plan_commit): the flush step's fold over up to K + T - 1 entries
-    # (32-entry tiles at T <= 16), 16 rows x 4 warps x 2 chunks per program. Qwen3.5-122B b256 T4
-    # round (verify + commit): 604 us vs 618 (32 x 4 warps, NR 1) and 703 with the rank-1 fold
-    # kernel (COMMIT_FOLD); Qwen3.5-4B 315 / 322 / 368 (tune_spec_commit.txt). Dual states keep
-    # the rank-1 fold kernel: the flush step's triangular solve at 32 entries ran the round in
-    # 1014 us (16 x 4 warps; 799 at 32 x 4 warps, which spills) vs 681
-    "commit":   [(None, 16, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    # (32-entry tiles at T <= 16), a whole head per program (32 rows x 4 warps x 4 chunks).
+    # Verify + commit round at T4 (tune_spec_commit2.txt, one run): Qwen3.5-122B b256 558 us vs
+    # 601 (16 x 4 warps x 2 chunks), 554 (16 x 4 x 8), 575 (four heads per program) and 700 with
+    # the rank-1 fold kernel (COMMIT_FOLD); Qwen3.5-4B b256 291 / 312 / 292 / 304 / 367;
+    # Qwen3.5-122B b32 81.0 / 85.6 / 87.3 / 89.6 / 101.9. Dual states keep the rank-1 fold
+    # kernel: the flush step's triangular solve at 32 entries ran the Qwen3.5-122B b256 round in
+    # 1014 us (16 x 4 warps; 799 at 32 x 4 warps, which spills) vs 681 (tune_spec_commit.txt)
+    "commit":   [(None, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
     "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1, COMMIT_FOLD=True))],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
