@@ -108,7 +108,8 @@ CONFIGS: dict[str, list[tuple]] = {
     "commit":   [(None, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
     "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1, COMMIT_FOLD=True))],
     "fold":     [(None, 32, 4)],
-    # verify: 32 rows per warp; Qwen3.5-122B b256 T4 (tools/tune_spec.py): 64x2w 1098 us, 32x2w 1407, 32x4w 2854
+    # verify: 32 rows per warp; Qwen3.5-122B b256 T4 verify + commit round (tools/tune_spec.py, packed
+    # drafts, tune_spec_packed.txt): 64x2w 701 us, 128x4w 751, 32x2w 862, 64x4w 1189, 128x8w 1305
     "verify":   [(4, 16, 1), (None, 64, 2)],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
@@ -907,7 +908,8 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, BLOCK_B
     bm = bb < batch
     slot = tl.load(idx_ptr + bb, mask=bm, other=-1)
     live = slot >= 0
-    n = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0) + tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
+    n = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
+    n += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
     tl.store(nxt_ptr + bb, tl.where(live, n - 1, -1), mask=bm)
 
 
@@ -981,10 +983,10 @@ def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm
     for c0 in tl.range(0, DK, BLOCK_K):
         cols = c0 + tl.arange(0, BLOCK_K)
         cmask = cols < DK
-        pk = tl.load(k_ptr + b * skb + dj[:, None] * skt + kh * skh + cols[None, :], mask=kcol[:, None] & cmask[None, :],
-                     other=0.0)
-        pq = tl.load(q_ptr + b * sqb + dj[:, None] * sqt + kh * sqh + cols[None, :], mask=qcol[:, None] & cmask[None, :],
-                     other=0.0)
+        pk = tl.load(k_ptr + b * skb + dj[:, None] * skt + kh * skh + cols[None, :],
+                     mask=kcol[:, None] & cmask[None, :], other=0.0)
+        pq = tl.load(q_ptr + b * sqb + dj[:, None] * sqt + kh * sqh + cols[None, :],
+                     mask=qcol[:, None] & cmask[None, :], other=0.0)
         P = tl.where(kcol[:, None], pk, pq)
         PT = tl.trans(P)
         S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :],
@@ -1302,6 +1304,7 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     dual = rs.mode == "dual"
     fc = pick_config(op + "_dual" if dual else op, batch, dv, dk, L, None, state_bytes=rs.hi.data.element_size())
     fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
+    fc["BLOCK_V"] = min(fc["BLOCK_V"], triton.next_power_of_2(dv))
     fm = replay_meta(fc, L, dv, Hv // Hk, K)
     nw = max(1, min(batch, triton.cdiv(batch * rows_per, K) * int(fc.get("NW_MUL", 1))))
     grid = ((Hv // Hk) // fm["HP"] * triton.cdiv(dv, fm["BLOCK_R"] * fm["NR"]), Hk, nw)
