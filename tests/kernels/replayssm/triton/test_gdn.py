@@ -343,12 +343,35 @@ def test_eager_route_plan(monkeypatch):
     assert not TK.takes_eager_route(32, 128, 128, 16, 4)           # batch 32: buffered
     assert TK.takes_eager_route(1, 128, 128, 16, 2)                # 16-bit read copies too
     assert TK.takes_eager_route(1, 128, 128, 16, 2, dual=True)     # dual at batch 1
+    assert TK.takes_eager_route(4, 128, 128, 16, 2, dual=True)     # ... and 4 (DUAL_ROUTE_BATCH, session 9)
     assert not TK.takes_eager_route(TK.DUAL_ROUTE_BATCH + 1, 128, 128, 16, 2, dual=True)
     assert not TK.takes_eager_route(1, 128, 128, 16, 1)            # 8-bit read copies: buffered
     monkeypatch.setattr(TK, "SMALL_BATCH_ROUTE", False)
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"])
     assert TK.pick_config("replay", 3, 40, 24, 6) == TK.pick_config("replay", 3, 40, 24, 6, {"PREFETCH": True})
     assert TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": True})   # a per-call config still wins
+
+
+@pytest.mark.shipped_routes
+def test_commit_route_plan():
+    """The shipped commit routes: fp32 states through a cursor snapshot and the flush step
+    (FOLD_MMA, no output, workers sized for T entries per row), dual states through the
+    rank-1 fold kernel; COMMIT_FOLD in a config swaps either."""
+    from replayssm.triton import gdn as TK
+    Hk, Hv, dk, dv, K, T, batch = 16, 64, 128, 128, 16, 4, 256
+    acc = torch.empty(batch, dtype=torch.int32, device="meta")
+
+    def rs(mode, lo=None):
+        return GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, mode=mode, lo_dtype=lo, device="meta")
+    snap, step = TK.plan_commit(rs("replay"), acc, None)
+    assert (snap[0], step[0]) == (TK._gdn_commit_cursor_kernel, TK._gdn_flush_step_kernel)
+    assert step[3]["FOLD_MMA"] and not step[3]["WRITE_O"] and step[3]["BLOCK_L"] == 32   # K + T - 1 entries
+    assert step[1][2] == batch * T // K                                                   # workers per head block
+    assert [p[0] for p in TK.plan_commit(rs("dual", "bfloat16"), acc, None)] == [TK._gdn_fold_kernel]
+    dual_step = TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"COMMIT_FOLD": False})
+    assert [p[0] for p in dual_step] == [TK._gdn_commit_cursor_kernel, TK._gdn_flush_step_kernel]
+    assert dual_step[1][3]["DUAL"] and not dual_step[1][3]["WRITE_O"]
+    assert [p[0] for p in TK.plan_commit(rs("replay"), acc, None, {"COMMIT_FOLD": True})] == [TK._gdn_fold_kernel]
 
 
 @pytest.mark.shipped_routes
