@@ -122,19 +122,15 @@ GDN_VARIANTS: dict[str, dict] = {
     # split "tf32x3t"; the state tile's "tf32x2t" vs "tf32x3"
     "sm-tf32x3": dict(SMALL_PREC="tf32x3"),
     "old-tf32x3": dict(S_PREC="tf32x3", SMALL_PREC="tf32x3"),
-    # the commit (session 9: a cursor snapshot + the flush step's matrix-product fold, for fp32 states;
-    # dual states keep the rank-1 fold kernel): the other route, and the flush-step tiles around the table's
+    # the commit (session 9: a cursor snapshot + the flush step's matrix-product fold for fp32 states,
+    # the "commit" row: 32 rows x 4 warps x 4 chunks; dual states keep the rank-1 fold kernel): the
+    # other route, and flush-step tiles around the row (tune_spec_commit*.txt in device-logs-20261130-s9)
     "commit-fold": {"fold": dict(COMMIT_FOLD=True)},
     "commit-step": {"fold": dict(COMMIT_FOLD=False)},
-    "commit-v32w4": {"fold": dict(F_BLOCK_V=32, F_NR=1)},
-    "commit-v16w4-nr4": {"fold": dict(F_NR=4)},
-    # larger flush-step programs: a whole head (NR 8), or all value heads of a key head (HP 4), so the
-    # per-sequence prologue (the 32 entries' keys, norms, decays) serves more rows
-    "commit-nr8": {"fold": dict(F_NR=8)},
-    "commit-hp4": {"fold": dict(F_HP=4)},
-    "commit-nr8-hp4": {"fold": dict(F_NR=8, F_HP=4)},
-    "commit-nr4-hp2": {"fold": dict(F_NR=4, F_HP=2)},
-    "commit-v32w4-nr4": {"fold": dict(F_BLOCK_V=32, F_NR=4)},
+    "commit-v16-nr2": {"fold": dict(F_BLOCK_V=16, F_NR=2)},
+    "commit-v16-nr8": {"fold": dict(F_BLOCK_V=16, F_NR=8)},
+    "commit-v32-nr1": {"fold": dict(F_NR=1)},
+    "commit-hp4": {"fold": dict(F_HP=4)},            # all value heads of a key head per program
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
