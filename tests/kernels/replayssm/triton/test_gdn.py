@@ -510,6 +510,30 @@ def test_verify_commit_match_reference(case):
     assert flushes >= 3, f"only {flushes} flushes exercised"
 
 
+def test_verify_commit_long_horizon():
+    """40 speculative rounds with random per-row accept counts (0..T, mixed in one batch) and
+    padded rows, through the shipped fp32 commit route (the flush step's matrix-product fold,
+    32 x 32 dk tiles here): outputs, checkpoints, cursors and buffers stay the reference's
+    round after round, across many flushes. (Dual states commit through the fold kernel,
+    which the GPU's 64-round CUDA-graph test runs.)"""
+    g = gen(12)
+    T, K, L, slots, batch = 3, 4, 7, 4, 3
+    rs, rr = make_pair(TALL, slots, L, K, "replay", "float32", None, torch.bfloat16, g)
+    flushes = 0
+    for rnd in range(40):
+        idx = random_rows(slots, batch, g)
+        x = step_inputs(TALL, batch, torch.bfloat16, g, T=T)
+        o = GD.verify(rs, **x, state_indices=idx, out=poisoned(x["v"]))
+        assert rel_err(o, R.gdn_verify(rr, **x, state_indices=idx)) <= TOL_BF16_OUT, f"round {rnd}"
+        acc = torch.randint(0, T + 1, (batch,), generator=g).to(DEV)
+        live = idx >= 0
+        flushes += int((rr.cursor[idx[live].long()] + acc[live] >= K).sum())
+        GD.commit(rs, acc, idx)
+        R.gdn_commit(rr, acc, idx)
+        state_check(rs, rr, f"round {rnd}")
+    assert flushes >= 15, f"only {flushes} flushes exercised"
+
+
 # ----------------------------------------------------------------------------- GPU compile (CPU side)
 _COMPILE_SCRIPT = r"""
 import json, torch
