@@ -131,6 +131,15 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-v16-nr8": {"fold": dict(F_BLOCK_V=16, F_NR=8)},
     "commit-v32-nr1": {"fold": dict(F_NR=1)},
     "commit-hp4": {"fold": dict(F_HP=4)},            # all value heads of a key head per program
+    # session 10: the cursor launch lists the flushing rows (COMPACT, the row's default) vs each
+    # flush-step program scanning the batch; the fold product's fp32 side split by truncation
+    # ("tf32x2t", the keys are exact in tf32) instead of Triton's "tf32x3"; tiles again with it
+    "commit-scan": {"fold": dict(F_COMPACT=False)},
+    "commit-x2t": {"fold": dict(F_FOLD_PREC="tf32x2t")},
+    "commit-x2t-v16-nr8": {"fold": dict(F_FOLD_PREC="tf32x2t", F_BLOCK_V=16, F_NR=8)},
+    "commit-x2t-v16w2-nr8": {"fold": dict(F_FOLD_PREC="tf32x2t", F_BLOCK_V=16, F_NR=8, F_num_warps=2)},
+    "commit-x2t-v64w8": {"fold": dict(F_FOLD_PREC="tf32x2t", F_BLOCK_V=64, F_NR=2, F_num_warps=8)},
+    "commit-step-list": {"fold": dict(COMMIT_FOLD=False, F_COMPACT=True)},   # dual: the flush step, listed rows
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

@@ -105,7 +105,7 @@ CONFIGS: dict[str, list[tuple]] = {
     # Qwen3.5-122B b32 81.0 / 85.6 / 87.3 / 89.6 / 101.9. Dual states keep the rank-1 fold
     # kernel: the flush step's triangular solve at 32 entries ran the Qwen3.5-122B b256 round in
     # 1014 us (16 x 4 warps; 799 at 32 x 4 warps, which spills) vs 681 (tune_spec_commit.txt)
-    "commit":   [(None, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    "commit":   [(None, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True})],
     "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1, COMMIT_FOLD=True))],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 verify + commit round (tools/tune_spec.py, packed
@@ -723,7 +723,7 @@ def _gdn_flush_step_kernel(
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
-    WRITE_O: tl.constexpr = True,
+    WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -757,6 +757,9 @@ def _gdn_flush_step_kernel(
     with "tf32x3" small products (rank-1: 4.5e-7; docs/kernels.md session 8), far inside the
     fp32 state tolerance. Per-head coefficients (decays, dual: M and X) are computed once per
     head and shared by its NR chunks.
+    COMPACT (the commit): the cursor launch has already moved the cursors and listed the
+    flushing rows, nxt[r] = (b << 16) | n for ranks r < nxt[batch] (their count); a worker
+    reads only its own ranks' entries, no batch-wide scan (_gdn_commit_cursor_kernel).
     """
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
@@ -772,27 +775,36 @@ def _gdn_flush_step_kernel(
     ar = tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
-    bb = tl.arange(0, BLOCK_B)
-    nb = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
-    fl = (nb >= 0) & (nb + 1 >= flush_period)
-    rank = tl.cumsum(fl.to(tl.int32), 0) - 1
-    if (pid0 == 0) & (kh == 0):
-        mine = (nb >= 0) & (bb % NW == w)
-        sl = tl.load(idx_ptr + bb, mask=mine, other=0)
-        tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
-    if FOLD_MMA:
-        n_mine = tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)     # this worker's ranks
+    if COMPACT:
+        n_mine = (tl.load(nxt_ptr + batch) - w + NW - 1) // NW       # this worker's ranks w, w + NW, ...
+    else:
+        bb = tl.arange(0, BLOCK_B)
+        nb = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
+        fl = (nb >= 0) & (nb + 1 >= flush_period)
+        rank = tl.cumsum(fl.to(tl.int32), 0) - 1
+        if (pid0 == 0) & (kh == 0):
+            mine = (nb >= 0) & (bb % NW == w)
+            sl = tl.load(idx_ptr + bb, mask=mine, other=0)
+            tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
+        if FOLD_MMA:
+            n_mine = tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)
     for t in range(NT):
-        pick = fl & (rank == w + t * NW)
-        if FOLD_MMA:   # past its own ranks a worker skips the reduction; one finds the row and its cursor
+        if COMPACT:
+            key = n_mine * 0 - 1
+            if t < n_mine:
+                key = tl.load(nxt_ptr + w + t * NW)
+            hit = key >= 0
+        elif FOLD_MMA:   # past its own ranks a worker skips the reduction; one finds the row and its cursor
+            pick = fl & (rank == w + t * NW)
             key = n_mine * 0 - 1
             if t < n_mine:
                 key = tl.max(tl.where(pick, (bb << 16) | nb, -1), 0)     # (n < 2^16, b < 2^15)
             hit = key >= 0
         else:
+            pick = fl & (rank == w + t * NW)
             hit = tl.sum(pick.to(tl.int32), 0) > 0
         if hit:
-            if FOLD_MMA:
+            if FOLD_MMA or COMPACT:
                 b = (key >> 16).to(tl.int64)
                 n = key & 0xFFFF
             else:
@@ -899,18 +911,31 @@ def _gdn_flush_step_kernel(
 
 
 @triton.jit
-def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, BLOCK_B: tl.constexpr):
-    """First launch of a speculative commit: nxt[b] = cursor + accepted[b] - 1, the last entry
-    the commit keeps (-1 for a padded row, or a row with nothing committed: the flush step
-    then leaves it alone). A launch of its own because the flush step rewrites the cursors
-    while its other programs read these values."""
+def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B: tl.constexpr,
+                              COMPACT: tl.constexpr):
+    """First launch of a speculative commit, one program: with m = cursor + accepted[b],
+    COMPACT: moves the cursors (0 where m >= K: the row flushes; else m) and lists the flushing
+      rows for the flush step, nxt[r] = (b << 16) | (m - 1) at their ranks r, and their count
+      at nxt[batch];
+    else: nxt[b] = m - 1, the last entry the commit keeps (-1 for a padded row, or a row with
+      nothing committed: the flush step then leaves it alone), and the flush step moves the
+      cursors.
+    A launch of its own because the flush step's programs must all see the cursors before
+    any of them moves (in the flush step, one worker block writes them)."""
     bb = tl.arange(0, BLOCK_B)
     bm = bb < batch
     slot = tl.load(idx_ptr + bb, mask=bm, other=-1)
     live = slot >= 0
-    n = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
-    n += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
-    tl.store(nxt_ptr + bb, tl.where(live, n - 1, -1), mask=bm)
+    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
+    m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
+    if COMPACT:
+        fl = live & (m >= flush_period)
+        tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
+        rank = tl.cumsum(fl.to(tl.int32), 0) - 1
+        tl.store(nxt_ptr + rank, (bb << 16) | (m - 1), mask=fl)      # (m <= L < 2^16, b < 2^15)
+        tl.store(nxt_ptr + batch, tl.sum(fl.to(tl.int32), 0))
+    else:
+        tl.store(nxt_ptr + bb, tl.where(live, m - 1, -1), mask=bm)
 
 
 # ----------------------------------------------------------------------------- fold
@@ -1243,11 +1268,13 @@ def replay_meta(cfg: dict, L: int, dv: int, group: int, K: int | None = None) ->
 
 
 def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
-    """Per-row scratch [>= batch] int32 that a SPLIT replay step's two launches share (kept on
-    the state object, so one allocation serves every step and a captured graph)."""
+    """Per-row scratch [>= batch + 1] int32 that a SPLIT replay step's two launches share, and
+    a commit's (the flushing rows and their count). Kept on the state object, so one
+    allocation serves every step and a captured graph: both callers ask for batch + 1, so a
+    replay step and a commit at one batch size never reallocate it under each other's graphs."""
     t = getattr(rs, "_gdn_nxt", None)
-    if t is None or t.numel() < batch or t.device != torch.device(device):
-        t = torch.empty(max(batch, 1), dtype=torch.int32, device=device)
+    if t is None or t.numel() < batch + 1 or t.device != torch.device(device):
+        t = torch.empty(batch + 1, dtype=torch.int32, device=device)
         rs._gdn_nxt = t
     return t
 
@@ -1287,24 +1314,33 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                 RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, **rm, **ck_meta)
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
-        plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, config, "flush_step", rows_per=1))
+        plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale,
+                                      _flush_step_row(rs, batch, "flush_step", config), rows_per=1))
     return plans
 
 
-def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, scale, config, op: str,
-                     rows_per: int, write_o: bool = True):
+def _flush_step_row(rs: GDNReplayState, batch: int, op: str, config) -> dict:
+    """The flush step's launch row: table op ("flush_step", "commit"; dual states op + "_dual"),
+    with the config's "F_<KEY>" entries overriding its keys."""
+    _, _, dv, dk = rs.hi.data.shape
+    dual = rs.mode == "dual"
+    fc = pick_config(op + "_dual" if dual else op, batch, dv, dk, rs.capacity, None,
+                     state_bytes=rs.hi.data.element_size())
+    fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
+    fc["BLOCK_V"] = min(fc["BLOCK_V"], triton.next_power_of_2(dv))
+    return fc
+
+
+def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, scale, fc: dict, rows_per: int,
+                     write_o: bool = True, compact: bool = False):
     """Plan of _gdn_flush_step_kernel over `batch` rows whose last kept entry is nxt[b] (the
-    SPLIT replay step's second launch; the commit's fold with write_o False). rows_per: the
-    most entries a row gains per call (step 1, commit T), which sizes the workers per head
-    block, NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round.
-    Table rows: op ("flush_step", "commit"), dual states op + "_dual"; config keys "F_<KEY>"
-    override them."""
+    SPLIT replay step's second launch; the commit's fold with write_o False, compact: nxt
+    lists the flushing rows). fc: its launch row (_flush_step_row). rows_per: the most entries
+    a row gains per call (step 1, commit T), which sizes the workers per head block,
+    NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round."""
     _, Hv, dv, _ = rs.hi.data.shape
     Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
     dual = rs.mode == "dual"
-    fc = pick_config(op + "_dual" if dual else op, batch, dv, dk, L, None, state_bytes=rs.hi.data.element_size())
-    fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
-    fc["BLOCK_V"] = min(fc["BLOCK_V"], triton.next_power_of_2(dv))
     fm = replay_meta(fc, L, dv, Hv // Hk, K)
     nw = max(1, min(batch, triton.cdiv(batch * rows_per, K) * int(fc.get("NW_MUL", 1))))
     grid = ((Hv // Hk) // fm["HP"] * triton.cdiv(dv, fm["BLOCK_R"] * fm["NR"]), Hk, nw)
@@ -1315,7 +1351,7 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
-                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, **ck_meta)
+                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)
     # FOLD_MMA (see the kernel): a 16- or 32-bit high copy (fp8 keeps its rank-1 fold), tiles
     # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv_minus_eye)
     if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
@@ -1460,20 +1496,22 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     the flush step over those rows (its FOLD_MMA fold, no output)]; where the table row (or the
     config) says COMMIT_FOLD: [the rank-1 fold kernel with the ticket cursor] (dual states)."""
     batch = accepted.shape[0]
+    if batch >= 1 << 15:
+        raise ValueError(f"commit: batch {batch} > 32767 (the flush step packs the row index in 15 bits)")
     idx = _rows_index(state_indices, batch, accepted.device)
     config = {**OVERRIDE.get("fold", {}), **(config or {})}
-    _, _, dv, dk = rs.hi.data.shape
-    row = pick_config("commit_dual" if rs.mode == "dual" else "commit", batch, dv, dk, rs.capacity, config)
-    if row.get("COMMIT_FOLD"):
+    fc = _flush_step_row(rs, batch, "commit", config)
+    if config.get("COMMIT_FOLD", fc.get("COMMIT_FOLD")):
         return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
-    nxt = _nxt(rs, batch, accepted.device)
+    compact = bool(fc.get("COMPACT", False))
+    nxt = _nxt(rs, batch, accepted.device)            # compact: the flushing rows, then their count
     bb = triton.next_power_of_2(batch)
-    snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch],
-            dict(BLOCK_B=bb, num_warps=4 if bb >= 256 else 1))
+    snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
+            dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
     # no output: the buffers stand in for q and o (unread)
-    step = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, config, "commit", rows_per=T,
-                            write_o=False)
+    step = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T, write_o=False,
+                            compact=compact)
     return [snap, step]
 
 

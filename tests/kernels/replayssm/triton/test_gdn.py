@@ -367,6 +367,10 @@ def test_commit_route_plan():
     assert (snap[0], step[0]) == (TK._gdn_commit_cursor_kernel, TK._gdn_flush_step_kernel)
     assert step[3]["FOLD_MMA"] and not step[3]["WRITE_O"] and step[3]["BLOCK_L"] == 32   # K + T - 1 entries
     assert step[1][2] == batch * T // K                                                   # workers per head block
+    assert snap[3]["COMPACT"] and step[3]["COMPACT"]             # the cursor launch lists the flushing rows
+    assert step[2][3].numel() >= batch + 1                       # ... and their count
+    scan = TK.plan_commit(rs("replay"), acc, None, {"F_COMPACT": False})
+    assert not scan[0][3]["COMPACT"] and not scan[1][3]["COMPACT"]
     assert [p[0] for p in TK.plan_commit(rs("dual", "bfloat16"), acc, None)] == [TK._gdn_fold_kernel]
     dual_step = TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"COMMIT_FOLD": False})
     assert [p[0] for p in dual_step] == [TK._gdn_commit_cursor_kernel, TK._gdn_flush_step_kernel]
@@ -472,6 +476,11 @@ VERIFY_CASES = [
     # the rank-1 fold kernel (the table: the flush step)
     ("commit-step-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": False}),
     ("commit-fold-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
+    # the flush step's two ways to find the flushing rows: a batch-wide scan (fp32: the table lists
+    # them in the cursor launch, COMPACT) and the list (dual)
+    ("commit-scan-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7, {"F_COMPACT": False}),
+    ("commit-list-dual-bf16-T2", GQA, "dual", "float32", "bfloat16", torch.bfloat16, 2, 3, 5,
+     {"COMMIT_FOLD": False, "F_COMPACT": True}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
