@@ -140,6 +140,14 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-x2t-v16w2-nr8": {"fold": dict(F_FOLD_PREC="tf32x2t", F_BLOCK_V=16, F_NR=8, F_num_warps=2)},
     "commit-x2t-v64w8": {"fold": dict(F_FOLD_PREC="tf32x2t", F_BLOCK_V=64, F_NR=2, F_num_warps=8)},
     "commit-step-list": {"fold": dict(COMMIT_FOLD=False, F_COMPACT=True)},   # dual: the flush step, listed rows
+    "commit-x3": {"fold": dict(F_FOLD_PREC="tf32x3")},
+    # the verify launch's register budget (ptxas: 160 at 64 rows x 2 warps; 128 = 8 programs per SM,
+    # no spill on sm_90), pipelining depth with it, and 128 rows on 2 warps in 16-column steps
+    "bv64w2-r128": dict(maxnreg=128),
+    "bv64w2-r144": dict(maxnreg=144),
+    "bv64w2-r128-s2": dict(maxnreg=128, num_stages=2),
+    "bv64w2-r128-s4": dict(maxnreg=128, num_stages=4),
+    "bv128w2-k16": dict(BLOCK_V=128, num_warps=2, CHUNK_K=16),
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

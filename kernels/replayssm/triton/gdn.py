@@ -105,7 +105,10 @@ CONFIGS: dict[str, list[tuple]] = {
     # Qwen3.5-122B b32 81.0 / 85.6 / 87.3 / 89.6 / 101.9. Dual states keep the rank-1 fold
     # kernel: the flush step's triangular solve at 32 entries ran the Qwen3.5-122B b256 round in
     # 1014 us (16 x 4 warps; 799 at 32 x 4 warps, which spills) vs 681 (tune_spec_commit.txt)
-    "commit":   [(None, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True})],
+    "commit":   [(64, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
+                              "FOLD_SPLIT": True}),
+                 (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
+                                "FOLD_SPLIT": True})],
     "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1, COMMIT_FOLD=True))],
     "fold":     [(None, 32, 4)],
     # verify: 32 rows per warp; Qwen3.5-122B b256 T4 verify + commit round (tools/tune_spec.py, packed
@@ -743,9 +746,11 @@ def _gdn_flush_step_kernel(
     the H200, docs/kernels.md session 5): a worker visits only its own ranks (w, w + NW, ... <
     the number of flushing rows; one reduction each, not up to three for each of NT rank
     slots), and the fold is one matrix product per chunk, F = (U * w) Kb with U [rows, L] the
-    u rows, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb [L, dk] the raw keys (FOLD_PREC,
-    default "tf32x3" ~2^-22: the truncation split "tf32x2t" spills at 32 rows x 4 warps on
-    sm_90; bf16 keys are exact in tf32), instead of L rank-1 updates that each reduce their
+    u rows, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb [L, dk] the raw keys (FOLD_PREC:
+    "tf32x3" ~2^-22 for the replay step's flush, where the truncation split "tf32x2t" spilled
+    at 32 rows x 4 warps on sm_90 (session 5); the commit rows' FOLD_SPLIT takes
+    mma.split_precision: "tf32x2t" ~2^-20 for bf16 keys, exact in tf32, the fp32 side split,
+    two passes), instead of L rank-1 updates that each reduce their
     key's norm across the program. Non-dual, U is the stored u. Dual, U is recomputed against
     the high chunk S_0 in closed form instead of entry by entry: with A_i = e^{c_i},
         u_j + sum_{m<j} M_mj u_m = beta_j (v_j - A_j S_0 k_j),  M_mj = beta_j e^{c_j - c_m} (k_m . k_j),
@@ -1357,7 +1362,8 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
             and min(fm["BLOCK_R"], fc["BLOCK_K"]) >= 16 and L <= 64):
         meta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
-                    FOLD_PREC=fc.get("FOLD_PREC") or mma_precision(torch.float32, rs.k.dtype, "tf32x3"),
+                    FOLD_PREC=fc.get("FOLD_PREC") or (split_precision(torch.float32, rs.k.dtype) if fc.get("FOLD_SPLIT")
+                                                      else mma_precision(torch.float32, rs.k.dtype, "tf32x3")),
                     P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
                     SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
                     GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))

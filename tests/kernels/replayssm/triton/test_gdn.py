@@ -371,6 +371,10 @@ def test_commit_route_plan():
     assert step[2][3].numel() >= batch + 1                       # ... and their count
     scan = TK.plan_commit(rs("replay"), acc, None, {"F_COMPACT": False})
     assert not scan[0][3]["COMPACT"] and not scan[1][3]["COMPACT"]
+    # the fold's fp32 side split by truncation: two passes for bf16 keys (exact in tf32), three for fp32
+    assert step[3]["FOLD_PREC"] == "tf32x2t"
+    f32_keys = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, act_dtype=torch.float32, device="meta")
+    assert TK.plan_commit(f32_keys, acc, None)[1][3]["FOLD_PREC"] == "tf32x3t"
     assert [p[0] for p in TK.plan_commit(rs("dual", "bfloat16"), acc, None)] == [TK._gdn_fold_kernel]
     dual_step = TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"COMMIT_FOLD": False})
     assert [p[0] for p in dual_step] == [TK._gdn_commit_cursor_kernel, TK._gdn_flush_step_kernel]
