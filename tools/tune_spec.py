@@ -148,6 +148,14 @@ GDN_VARIANTS: dict[str, dict] = {
     "bv64w2-r128-s2": dict(maxnreg=128, num_stages=2),
     "bv64w2-r128-s4": dict(maxnreg=128, num_stages=4),
     "bv128w2-k16": dict(BLOCK_V=128, num_warps=2, CHUNK_K=16),
+    # around it (session 10): a whole 128-row head per program, its per-head work (the Gram and
+    # coefficient products) done once, not once per row tile
+    "bv128w2-k16-r144": dict(BLOCK_V=128, num_warps=2, CHUNK_K=16, maxnreg=144),
+    "bv128w2-k16-s2": dict(BLOCK_V=128, num_warps=2, CHUNK_K=16, num_stages=2),
+    "bv128w2-k16-s4": dict(BLOCK_V=128, num_warps=2, CHUNK_K=16, num_stages=4),
+    "bv128w2": dict(BLOCK_V=128, num_warps=2),
+    "bv128w4-k16": dict(BLOCK_V=128, num_warps=4, CHUNK_K=16),
+    "bv128w1-k16": dict(BLOCK_V=128, num_warps=1, CHUNK_K=16),
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
