@@ -98,6 +98,11 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # fp32 state x C in two tf32 passes of a truncation split (mma.py "tf32x2t") instead of bf16x3
     # (Super: 154 registers, no spill, vs 128 + 8 bytes of stack)
     "s-t2": dict(s_prec="tf32x2t"),
+    # the commit's fold (session 10; the table: 16 rows x 4 warps, the whole head per program)
+    "fold-w2": dict(fold=dict(warps=2)),
+    "fold-w1": dict(fold=dict(warps=1)),
+    "fold-b32w4": dict(fold=dict(block_p=32, warps=4)),
+    "fold-b32w2": dict(fold=dict(block_p=32, warps=2)),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to

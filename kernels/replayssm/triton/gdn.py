@@ -111,9 +111,14 @@ CONFIGS: dict[str, list[tuple]] = {
                                 "FOLD_SPLIT": True})],
     "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1, COMMIT_FOLD=True))],
     "fold":     [(None, 32, 4)],
-    # verify: 32 rows per warp; Qwen3.5-122B b256 T4 verify + commit round (tools/tune_spec.py, packed
-    # drafts, tune_spec_packed.txt): 64x2w 701 us, 128x4w 751, 32x2w 862, 64x4w 1189, 128x8w 1305
-    "verify":   [(4, 16, 1), (None, 64, 2)],
+    # verify, batch > 4: a whole 128-row head per program on 2 warps (64 rows per warp), so the
+    # per-head work (the buffer keys' and drafts' Gram products, the solve's coefficients) is done
+    # once per head instead of once per row tile. T4 verify + commit round (tools/tune_spec.py,
+    # one run, tune_spec_s10c.txt): Qwen3.5-122B b256 477 us vs 528 (64 rows x 2 warps, the
+    # session-9 row), 472 (16-column steps, 4 stages), 583 (4 warps); Qwen3.5-4B b256 258 vs 282;
+    # Qwen3.5-122B b32 76.2 vs 80.6; dual bf16 Qwen3.5-122B b256 637 vs 686. WIDE_BLOCK_V: rows
+    # per program when T > 8 (32 packed draft columns): 128 rows spill ~500 bytes on sm_90, 64 rows 8-16
+    "verify":   [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64})],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
@@ -1433,7 +1438,11 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
         raise ValueError(f"draft window {T} exceeds buffer_len {L}")
     if T > 16:
         raise ValueError(f"draft window {T} > 16 is not supported by the verify kernel")
-    cfg = pick_config("verify", batch, dv, dk, L, {**OVERRIDE.get("verify", {}), **(config or {})})
+    ov = {**OVERRIDE.get("verify", {}), **(config or {})}
+    cfg = pick_config("verify", batch, dv, dk, L, ov)
+    block_p = max(16, triton.next_power_of_2(2 * T))
+    if block_p > 16 and "WIDE_BLOCK_V" in cfg and "BLOCK_V" not in ov:
+        cfg["BLOCK_V"] = min(cfg["BLOCK_V"], cfg["WIDE_BLOCK_V"])
     cfg["BLOCK_V"] = max(16, cfg["BLOCK_V"])                    # tl.dot needs every dim >= 16
     cfg["BLOCK_K"] = max(16, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
     _check_rs(rs, triton.cdiv(dv, cfg["BLOCK_V"]) * Hv)
@@ -1443,7 +1452,7 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, *_strides(q, k, v, g, beta, o, dims=3), scale]
     meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
                         BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
-                        BLOCK_P=max(16, triton.next_power_of_2(2 * T)), RD_FP8=rd_fp8, DUAL=dual,
+                        BLOCK_P=block_p, RD_FP8=rd_fp8, DUAL=dual,
                         S_PREC=cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype),
                         K_PREC=_f32_precision(rs.k.dtype, k.dtype), EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
                         SMALL_PREC=cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32)))

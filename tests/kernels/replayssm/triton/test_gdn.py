@@ -353,6 +353,21 @@ def test_eager_route_plan(monkeypatch):
 
 
 @pytest.mark.shipped_routes
+def test_verify_route_plan():
+    """The verify table at batch > 4: a whole 128-row head per program on 2 warps up to T = 8
+    (16 packed draft columns); 64 rows when T > 8 (32 columns), unless a config sets the rows."""
+    from replayssm.triton import gdn as TK
+    Hk, Hv, dk, dv, K, batch = 16, 64, 128, 128, 16, 256
+    for T, rows in ((4, 128), (8, 128), (9, 64), (16, 64)):
+        rs = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, device="meta")
+        e = lambda *s, dt=torch.bfloat16: torch.empty(batch, T, *s, dtype=dt, device="meta")   # noqa: E731
+        x = dict(q=e(Hk, dk), k=e(Hk, dk), v=e(Hv, dv), g=e(Hv, dt=torch.float32), beta=e(Hv, dt=torch.float32))
+        _, grid, _, meta = TK.plan_verify(rs, **x, state_indices=None, scale=.1, o=x["v"])
+        assert (grid, meta["num_warps"], meta["BLOCK_P"]) == ((dv // rows, Hv, batch), 2, 16 if T <= 8 else 32), T
+        _, grid, _, _ = TK.plan_verify(rs, **x, state_indices=None, scale=.1, o=x["v"], config={"BLOCK_V": 128})
+        assert grid[0] == 1
+
+
 def test_commit_route_plan():
     """The shipped commit routes: fp32 states through a cursor snapshot and the flush step
     (FOLD_MMA, no output, workers sized for T entries per row), dual states through the
