@@ -71,7 +71,10 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     ("eager",  2, "large"): [(64, 1, 8, 64),   # whole 64-row heads: 94 % (Super)
                              (16, 0, 4)],      # else 16-row chunks of the whole head: 92 % (Nano)
     ("fold",   4, "small"): (16, 1, 4),
-    ("fold",   4, "large"): (16, 0, 4),        # whole-head programs: a commit's mostly idle grid is 1/4 the size
+    # whole-head programs: a commit's mostly idle grid is 1/4 the size. 2 warps: T4 verify + commit
+    # round b256 Super 472 us vs 488 (4 warps), Nano 577 vs 588; b32 Super 75.4 vs 74.4
+    # (tools/tune_spec.py, one run, tune_spec_s10d.txt)
+    ("fold",   4, "large"): (16, 0, 2),
     ("fold",   2, "small"): (16, 1, 4),
     ("fold",   2, "large"): (16, 0, 4),
     ("fold",   1, "small"): (16, 1, 4),
