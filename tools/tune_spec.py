@@ -161,6 +161,17 @@ GDN_VARIANTS: dict[str, dict] = {
     "bv128w2": dict(BLOCK_V=128, num_warps=2),
     "bv128w4-k16": dict(BLOCK_V=128, num_warps=4, CHUNK_K=16),
     "bv128w1-k16": dict(BLOCK_V=128, num_warps=1, CHUNK_K=16),
+    # the dual commit (u recomputed against the high copy): the rank-1 fold kernel's tiles, and
+    # the flush step's rank-1 path (FOLD_MMA off) over the listed rows
+    "dfold-v16w2": {"fold": dict(BLOCK_V=16, num_warps=2)},
+    "dfold-v64w4": {"fold": dict(BLOCK_V=64, num_warps=4)},
+    "dfold-v32w2": {"fold": dict(BLOCK_V=32, num_warps=2)},
+    "dstep-r1-v32w4": {"fold": dict(COMMIT_FOLD=False, F_COMPACT=True, F_FOLD_MMA=False, F_BLOCK_V=32,
+                                    F_num_warps=4, F_NR=1)},
+    "dstep-r1-v32w4-nr4": {"fold": dict(COMMIT_FOLD=False, F_COMPACT=True, F_FOLD_MMA=False, F_BLOCK_V=32,
+                                        F_num_warps=4, F_NR=4)},
+    "dstep-r1-v16w2": {"fold": dict(COMMIT_FOLD=False, F_COMPACT=True, F_FOLD_MMA=False, F_BLOCK_V=16,
+                                    F_num_warps=2, F_NR=1)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
