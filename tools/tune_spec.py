@@ -172,6 +172,13 @@ GDN_VARIANTS: dict[str, dict] = {
                                         F_num_warps=4, F_NR=4)},
     "dstep-r1-v16w2": {"fold": dict(COMMIT_FOLD=False, F_COMPACT=True, F_FOLD_MMA=False, F_BLOCK_V=16,
                                     F_num_warps=2, F_NR=1)},
+    # the two-pass dual commit kernel (_gdn_dual_commit_kernel): rows per program, warps, dk step
+    "d2p-v64w4": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=64, F_num_warps=4)},
+    "d2p-v128w8": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=128, F_num_warps=8)},
+    "d2p-v32w4": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=32, F_num_warps=4)},
+    "d2p-v64w4-k16": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=64, F_num_warps=4, F_CHUNK_K=16)},
+    "d2p-v128w4-k16": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=128, F_num_warps=4,
+                                    F_CHUNK_K=16)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

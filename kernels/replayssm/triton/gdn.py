@@ -997,6 +997,89 @@ def _gdn_fold_kernel(
                 _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
 
 
+@triton.jit
+def _gdn_dual_commit_kernel(
+    lst_ptr, idx_ptr, hi_ptr, lo_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, batch,
+    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NW: tl.constexpr, NT: tl.constexpr,
+    P_PREC: tl.constexpr, GRAM_PREC: tl.constexpr, SMALL_PREC: tl.constexpr, FOLD_PREC: tl.constexpr,
+    INTERP: tl.constexpr, EPS: tl.constexpr,
+):
+    """Fold of a dual-mode speculative commit (fp32 high copy, 16-bit low copy): the flushing
+    rows listed by _gdn_commit_cursor_kernel (COMPACT: lst[r] = (b << 16) | n, count at
+    lst[batch]), worker w taking ranks w, w + NW, ...; one program per (worker, value head,
+    BLOCK_V rows). The u of entries 0..n are recomputed against the high state S_0 in closed
+    form (the algebra of _gdn_flush_step_kernel's dual FOLD_MMA path):
+        U = R (I + M)^-1 = R + R X,  R[:, i] = beta_i (v_i - e^{c_i} S_0 k_i / |k_i|),
+        M[m, j] = [m < j <= n] beta_j e^{c_j - c_m} (k_m . k_j) / (|k_m| |k_j|),
+        S_n = e^{c_n} S_0 + (U * w) Kb,  w_i = e^{c_n - c_i} / |k_i|   (Kb the raw keys)
+    in two passes over dk in BLOCK_K-column steps, as the verify kernel streams its tile:
+      1. S_0 Kb^T [BV, BL] (P_PREC), the keys' Gram matrix and norms (GRAM_PREC), accumulated
+         per step, so no [BV, dk] tile is ever whole in registers;
+      2. the state steps again (L2 hits: the program read them just before), each
+         updated by one product with its key columns (FOLD_PREC), stored to both copies.
+    The per-head work (M, X = (I + M)^-1 - I: _unit_tri_inv_minus_eye, SMALL_PREC) is done
+    once per program. The cursors were moved by the cursor launch."""
+    w = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    NRT: tl.constexpr = (DV + BLOCK_V - 1) // BLOCK_V
+    h = pid1 // NRT
+    kh = h // (HV // HK)
+    rows = (pid1 % NRT) * BLOCK_V + tl.arange(0, BLOCK_V)
+    rm = rows < DV
+    ll = tl.arange(0, BLOCK_L)
+    n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
+    for t in range(NT):
+        if t < n_mine:
+            key = tl.load(lst_ptr + w + t * NW)
+            b = key >> 16
+            n = key & 0xFFFF
+            slot64 = tl.load(idx_ptr + b).to(tl.int64)
+            lm = ll <= n
+            ent = slot64 * L + ll
+            el = ent * HV + h
+            row = (slot64 * HV + h) * DV + rows
+            P = tl.zeros([BLOCK_V, BLOCK_L], tl.float32)
+            KK = tl.zeros([BLOCK_L, BLOCK_L], tl.float32)
+            nk = tl.zeros([BLOCK_L], tl.float32)
+            for c0 in tl.range(0, DK, BLOCK_K):
+                cols = c0 + tl.arange(0, BLOCK_K)
+                cm = cols < DK
+                S = tl.load(hi_ptr + row[:, None] * DK + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
+                kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cm[None, :],
+                             other=0.0)
+                kbT = tl.trans(kb)
+                P = mma_acc(S, kbT, P, P_PREC, INTERP)
+                KK = mma_acc(kb, kbT, KK, GRAM_PREC, INTERP)
+                kf = kb.to(tl.float32)
+                nk += tl.sum(kf * kf, 1)
+            rk = tl.rsqrt(nk + EPS)
+            gl = tl.load(gb_ptr + el, mask=lm, other=0.0).to(tl.float32)
+            bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
+            cl = tl.cumsum(gl, 0)
+            Cn = tl.sum(gl, 0)
+            ups = (ll[:, None] < ll[None, :]) & lm[None, :]                          # m < j <= n
+            M = tl.where(ups, bl[None, :] * tl.exp(tl.where(ups, cl[None, :] - cl[:, None], 0.0))
+                         * KK * rk[:, None] * rk[None, :], 0.0)                       # exponents <= 0
+            X = _unit_tri_inv_minus_eye(M, BLOCK_L, SMALL_PREC, INTERP)
+            V = tl.load(vb_ptr + el[None, :] * DV + rows[:, None], mask=rm[:, None] & lm[None, :],
+                        other=0.0).to(tl.float32)                                  # [BV, BL] raw v
+            R = bl[None, :] * (V - (tl.exp(cl) * rk)[None, :] * P)
+            W = (R + mm(R, X, SMALL_PREC, INTERP)) * tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)[None, :]
+            eC = tl.exp(Cn)
+            for c0 in tl.range(0, DK, BLOCK_K):
+                cols = c0 + tl.arange(0, BLOCK_K)
+                cm = cols < DK
+                tile = row[:, None] * DK + cols[None, :]
+                m2 = rm[:, None] & cm[None, :]
+                kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cm[None, :],
+                             other=0.0)
+                S = eC * tl.load(hi_ptr + tile, mask=m2, other=0.0, eviction_policy="evict_first") \
+                    + mm(W, kb, FOLD_PREC, INTERP)
+                tl.store(hi_ptr + tile, S, mask=m2)
+                tl.store(lo_ptr + tile, cast(S, lo_ptr.dtype.element_ty, INTERP), mask=m2)
+
+
 # ----------------------------------------------------------------------------- verify
 @triton.jit
 def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol,
@@ -1518,16 +1601,49 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     fc = _flush_step_row(rs, batch, "commit", config)
     if config.get("COMMIT_FOLD", fc.get("COMMIT_FOLD")):
         return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
-    compact = bool(fc.get("COMPACT", False))
+    two_pass = bool(fc.get("DUAL_COMMIT")) and _dual_commit_fits(rs)
+    compact = two_pass or bool(fc.get("COMPACT", False))
     nxt = _nxt(rs, batch, accepted.device)            # compact: the flushing rows, then their count
     bb = triton.next_power_of_2(batch)
     snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
             dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
+    if two_pass:
+        return [snap, _plan_dual_commit(rs, idx, nxt, batch, fc, T)]
     # no output: the buffers stand in for q and o (unread)
     step = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T, write_o=False,
                             compact=compact)
     return [snap, step]
+
+
+def _dual_commit_fits(rs: GDNReplayState) -> bool:
+    """_gdn_dual_commit_kernel's case: dual mode, fp32 high copy, 16-bit low copy without
+    scales (an fp8 copy's per-row scale needs the whole row at once), at most 64 entries."""
+    return (rs.mode == "dual" and rs.hi.data.dtype == torch.float32 and rs.hi.scale is None
+            and rs.lo.data.dtype in (torch.bfloat16, torch.float16) and rs.capacity <= 64)
+
+
+def _plan_dual_commit(rs: GDNReplayState, idx, lst, batch: int, fc: dict, rows_per: int):
+    """Plan of _gdn_dual_commit_kernel: grid (workers, Hv x row tiles), workers
+    NW = cdiv(batch * rows_per, K) as the flush step's."""
+    _, Hv, dv, dk = rs.hi.data.shape
+    Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
+    bv = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
+    ck = max(16, min(int(fc.get("CHUNK_K", VERIFY_CHUNK_K)), triton.next_power_of_2(dk)))
+    nw = max(1, min(batch, triton.cdiv(batch * rows_per, K)))
+    grid = (nw, Hv * triton.cdiv(dv, bv))
+    args = [lst, idx, rs.hi.data, rs.lo.data, rs.k, rs.g, rs.v, rs.beta, batch]
+    meta = dict(HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_V=bv, BLOCK_K=ck,
+                BLOCK_L=max(16, triton.next_power_of_2(L)), NW=nw, NT=triton.cdiv(triton.next_power_of_2(batch), nw),
+                P_PREC=split_precision(torch.float32, rs.k.dtype),
+                GRAM_PREC=mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
+                SMALL_PREC=split_precision(torch.float32, torch.float32),
+                FOLD_PREC=split_precision(torch.float32, rs.k.dtype),
+                INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
+    for opt in ("num_stages", "maxnreg"):
+        if opt in fc:
+            meta[opt] = int(fc[opt])
+    return _gdn_dual_commit_kernel, grid, args, meta
 
 
 def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, config=None) -> None:

@@ -500,6 +500,11 @@ VERIFY_CASES = [
     ("commit-scan-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7, {"F_COMPACT": False}),
     ("commit-list-dual-bf16-T2", GQA, "dual", "float32", "bfloat16", torch.bfloat16, 2, 3, 5,
      {"COMMIT_FOLD": False, "F_COMPACT": True}),
+    # the dual commit's two-pass kernel (_gdn_dual_commit_kernel): row tiles, dk steps, GQA, fp16 low copy
+    ("commit-2pass-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
+     {"COMMIT_FOLD": False, "F_DUAL_COMMIT": True, "F_CHUNK_K": 16}),
+    ("commit-2pass-dual-f16-gqa-T4", GQA, "dual", "float32", "float16", torch.float32, 4, 3, 7,
+     {"COMMIT_FOLD": False, "F_DUAL_COMMIT": True, "F_BLOCK_V": 16}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
