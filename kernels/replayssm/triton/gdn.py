@@ -109,7 +109,12 @@ CONFIGS: dict[str, list[tuple]] = {
                               "FOLD_SPLIT": True}),
                  (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                                 "FOLD_SPLIT": True})],
-    "commit_dual": [(None, 16, 4, dict(_DUAL_FLUSH, NR=1, COMMIT_FOLD=True))],
+    # Dual states: the two-pass kernel (_gdn_dual_commit_kernel), a whole head per program on 4
+    # warps in 16-column dk steps: T4 verify + commit round, Qwen3.5-122B b256 dual bf16, 558 us vs
+    # 633 with the rank-1 fold kernel, 600 (64 rows x 4 warps), 632 (128 x 8 warps), 805 (32 x 4)
+    # (tune_spec_s10f.txt, one run). The rank-1 fold kernel serves the low copies it does not
+    # take (fp8, with per-row scales); F_DUAL_COMMIT False: the flush step (its keys as below)
+    "commit_dual": [(None, 128, 4, dict(_DUAL_FLUSH, NR=1, DUAL_COMMIT=True, CHUNK_K=16))],
     "fold":     [(None, 32, 4)],
     # verify, batch > 4: a whole 128-row head per program on 2 warps (64 rows per warp), so the
     # per-head work (the buffer keys' and drafts' Gram products, the solve's coefficients) is done
@@ -1590,18 +1595,20 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, config=None) ->
 
 
 def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, config=None) -> list:
-    """Launch plans of a speculative commit: [nxt = cursor + accepted - 1 (_gdn_commit_cursor_kernel),
-    the flush step over those rows (its FOLD_MMA fold, no output)]; where the table row (or the
-    config) says COMMIT_FOLD: [the rank-1 fold kernel with the ticket cursor] (dual states)."""
+    """Launch plans of a speculative commit: [the cursor launch (_gdn_commit_cursor_kernel: the
+    cursors moved, the flushing rows listed), then the fold]: fp32 states the flush step's
+    FOLD_MMA fold (no output); dual states with a 16-bit low copy (DUAL_COMMIT) the two-pass
+    kernel (_gdn_dual_commit_kernel). Where the row (or the config) says COMMIT_FOLD, or
+    DUAL_COMMIT cannot take the state (fp8 low copy): [the rank-1 fold kernel, ticket cursor]."""
     batch = accepted.shape[0]
     if batch >= 1 << 15:
         raise ValueError(f"commit: batch {batch} > 32767 (the flush step packs the row index in 15 bits)")
     idx = _rows_index(state_indices, batch, accepted.device)
     config = {**OVERRIDE.get("fold", {}), **(config or {})}
     fc = _flush_step_row(rs, batch, "commit", config)
-    if config.get("COMMIT_FOLD", fc.get("COMMIT_FOLD")):
-        return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
     two_pass = bool(fc.get("DUAL_COMMIT")) and _dual_commit_fits(rs)
+    if config.get("COMMIT_FOLD", fc.get("COMMIT_FOLD")) or (fc.get("DUAL_COMMIT") and not two_pass):
+        return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
     compact = two_pass or bool(fc.get("COMPACT", False))
     nxt = _nxt(rs, batch, accepted.device)            # compact: the flushing rows, then their count
     bb = triton.next_power_of_2(batch)

@@ -390,8 +390,15 @@ def test_commit_route_plan():
     assert step[3]["FOLD_PREC"] == "tf32x2t"
     f32_keys = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, act_dtype=torch.float32, device="meta")
     assert TK.plan_commit(f32_keys, acc, None)[1][3]["FOLD_PREC"] == "tf32x3t"
-    assert [p[0] for p in TK.plan_commit(rs("dual", "bfloat16"), acc, None)] == [TK._gdn_fold_kernel]
-    dual_step = TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"COMMIT_FOLD": False})
+    # dual: the two-pass kernel over the listed rows (whole heads, 16-column dk steps); an fp8
+    # low copy (per-row scales) through the rank-1 fold kernel; F_DUAL_COMMIT off: the flush step
+    snap, two = TK.plan_commit(rs("dual", "bfloat16"), acc, None)
+    assert (snap[0], two[0]) == (TK._gdn_commit_cursor_kernel, TK._gdn_dual_commit_kernel) and snap[3]["COMPACT"]
+    assert (two[1], two[3]["BLOCK_K"], two[3]["BLOCK_L"]) == ((batch * T // K, Hv), 16, 32)
+    assert [p[0] for p in TK.plan_commit(rs("dual", "float8_e4m3"), acc, None)] == [TK._gdn_fold_kernel]
+    assert [p[0] for p in TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"COMMIT_FOLD": True})] == [
+        TK._gdn_fold_kernel]
+    dual_step = TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"F_DUAL_COMMIT": False})
     assert [p[0] for p in dual_step] == [TK._gdn_commit_cursor_kernel, TK._gdn_flush_step_kernel]
     assert dual_step[1][3]["DUAL"] and not dual_step[1][3]["WRITE_O"]
     assert [p[0] for p in TK.plan_commit(rs("replay"), acc, None, {"COMMIT_FOLD": True})] == [TK._gdn_fold_kernel]
@@ -493,13 +500,15 @@ VERIFY_CASES = [
     ("dual-fp8-gqa-T5", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 5, 3, 8, None),
     # commit: dual through the flush step's fold (the table: the rank-1 fold kernel), fp32 through
     # the rank-1 fold kernel (the table: the flush step)
-    ("commit-step-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": False}),
+    ("commit-step-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
+     {"COMMIT_FOLD": False, "F_DUAL_COMMIT": False}),
+    ("commit-fold-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
     ("commit-fold-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
     # the flush step's two ways to find the flushing rows: a batch-wide scan (fp32: the table lists
     # them in the cursor launch, COMPACT) and the list (dual)
     ("commit-scan-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7, {"F_COMPACT": False}),
     ("commit-list-dual-bf16-T2", GQA, "dual", "float32", "bfloat16", torch.bfloat16, 2, 3, 5,
-     {"COMMIT_FOLD": False, "F_COMPACT": True}),
+     {"COMMIT_FOLD": False, "F_COMPACT": True, "F_DUAL_COMMIT": False}),
     # the dual commit's two-pass kernel (_gdn_dual_commit_kernel): row tiles, dk steps, GQA, fp16 low copy
     ("commit-2pass-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
      {"COMMIT_FOLD": False, "F_DUAL_COMMIT": True, "F_CHUNK_K": 16}),
