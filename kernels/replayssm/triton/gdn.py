@@ -97,14 +97,14 @@ CONFIGS: dict[str, list[tuple]] = {
     # b32: 18.9 / 33.2 / 57.6 us vs 28.9 / 52.9 / 70.0 (NR 8) and 21.2 / 37.9 / 73.8 rank-1;
     # Qwen3.5-4B b32 33.4 vs 53.9 / 41.7 (tune_gdn_flush_dual_small.txt, _b32.txt; b64-128 untimed)
     "flush_step_dual": [(64, 16, 2, dict(_DUAL_FLUSH, NR=1)), (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
-    # the speculative commit (plan_commit): the flush step's fold over up to K + T - 1 entries
-    # (32-entry tiles at T <= 16), a whole head per program (32 rows x 4 warps x 4 chunks).
-    # Verify + commit round at T4 (tune_spec_commit2.txt, one run): Qwen3.5-122B b256 558 us vs
-    # 601 (16 x 4 warps x 2 chunks), 554 (16 x 4 x 8), 575 (four heads per program) and 700 with
-    # the rank-1 fold kernel (COMMIT_FOLD); Qwen3.5-4B b256 291 / 312 / 292 / 304 / 367;
-    # Qwen3.5-122B b32 81.0 / 85.6 / 87.3 / 89.6 / 101.9. Dual states keep the rank-1 fold
-    # kernel: the flush step's triangular solve at 32 entries ran the Qwen3.5-122B b256 round in
-    # 1014 us (16 x 4 warps; 799 at 32 x 4 warps, which spills) vs 681 (tune_spec_commit.txt)
+    # the speculative commit (plan_commit), fp32 states: the flush step's fold over up to K + T - 1
+    # entries (32-entry tiles at T <= 16), a whole head per program, over the rows the cursor launch
+    # lists (COMPACT), the fold's fp32 side split by truncation (FOLD_SPLIT). T4 verify + commit round
+    # (tools/tune_spec.py, one run each): listing the rows, Qwen3.5-122B b256 546 us vs 562 scanning
+    # the batch in every program; FOLD_SPLIT 540 vs 546 ("tf32x3"); then 16 rows x 2 warps x 8 chunks
+    # 528 (126 registers; 32 x 4 x 4: 205-216), Qwen3.5-4B b256 281 vs 283, but Qwen3.5-122B b32
+    # 85.1 vs 80.6, hence the split at batch 64 (tune_spec_s10a.txt). The rank-1 fold kernel
+    # (COMMIT_FOLD): 708 / 371 / 103 us.
     "commit":   [(64, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                               "FOLD_SPLIT": True}),
                  (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,

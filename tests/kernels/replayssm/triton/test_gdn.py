@@ -369,9 +369,10 @@ def test_verify_route_plan():
 
 
 def test_commit_route_plan():
-    """The shipped commit routes: fp32 states through a cursor snapshot and the flush step
-    (FOLD_MMA, no output, workers sized for T entries per row), dual states through the
-    rank-1 fold kernel; COMMIT_FOLD in a config swaps either."""
+    """The shipped commit routes: a cursor launch listing the flushing rows, then for fp32
+    states the flush step (FOLD_MMA, no output, workers sized for T entries per row), for dual
+    states with a 16-bit low copy the two-pass kernel; fp8 low copies and COMMIT_FOLD take the
+    rank-1 fold kernel."""
     from replayssm.triton import gdn as TK
     Hk, Hv, dk, dv, K, T, batch = 16, 64, 128, 128, 16, 4, 256
     acc = torch.empty(batch, dtype=torch.int32, device="meta")
@@ -498,8 +499,8 @@ VERIFY_CASES = [
      {"BLOCK_V": 16, "CHUNK_K": 16, "EARLY_BUF": False}),
     ("packed-wide-f32-gqa-T9", TALL, "replay", "float32", None, torch.float32, 9, 3, 12, {"BLOCK_V": 16}),
     ("dual-fp8-gqa-T5", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 5, 3, 8, None),
-    # commit: dual through the flush step's fold (the table: the rank-1 fold kernel), fp32 through
-    # the rank-1 fold kernel (the table: the flush step)
+    # commit routes besides the table's (fp32: the flush step; dual 16-bit: the two-pass kernel):
+    # dual through the flush step's fold and through the rank-1 fold kernel, fp32 through the latter
     ("commit-step-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
      {"COMMIT_FOLD": False, "F_DUAL_COMMIT": False}),
     ("commit-fold-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
