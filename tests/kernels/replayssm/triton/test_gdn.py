@@ -637,10 +637,10 @@ def test_kernels_compile_for_hopper_without_spills():
     use = json.loads(r.stdout.strip().splitlines()[-1])
     for name, u in use.items():
         assert u["local"] == 0 and u["stack"] == 0, f"{name} spills: {u}"
-        # verify: the H200-measured fastest launch (64 rows / 2 warps, tools/tune_spec.py) holds
-        # ~250 registers, i.e. 4 programs per SM; so does the dual flush step (the triangular
-        # solve; it moves 1/K of the states; tools/tune_gdn.py flush-dual-*); the streaming
-        # kernels need <= 192 for occupancy
+        # verify: the H200-measured fastest launch (128 rows / 2 warps, tools/tune_spec.py) holds
+        # ~235 registers, i.e. 4 programs per SM; the dual flush step and the dual commit (the
+        # triangular solve; they move 1/K of the states; tools/tune_gdn.py flush-dual-*,
+        # tune_spec.py d2p-*) up to 255; the streaming kernels need <= 192 for occupancy
         dual_flush = name.startswith("replay dual") and name.endswith("launch 1")
         commit_fold = name.startswith("commit") and name.endswith("launch 1")   # 32-entry tiles, 1/K of the states
         limit = 255 if name.startswith("verify") or dual_flush or commit_fold else 192
