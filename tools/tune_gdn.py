@@ -30,7 +30,8 @@ BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
 # TUNE_MODES: comma list of what to search, for a focused probe that fits a short device call:
 # batch-256 Qwen3.5-122B modes (eager-f32, eager-bf16, f32, dual-fp8, dual-bf16, bf16), their
 # small-program lists (lean-f32, lean-dual-bf16, lean-bf16), flush-step lists (flush-dual-bf16,
-# flush-dual-fp8, flush-bf16, flush-f32; flush-dual-bf16-b8 / -b16 / -b32 at those batches),
+# flush-dual-fp8, flush-bf16, flush-f32; flush-dual-bf16-b8 / -b16 / -b32 at those batches;
+# flush-dual-2pass: the two-pass dual kernel as the flush step),
 # route-dual-b2 / -b4 / -b8 (dual bf16: eager route vs buffered) and
 # b1 / b4 / b8 / b32 (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything,
 # then batch 1/32 and Qwen3.5-4B around this run's winners.
@@ -311,12 +312,21 @@ FLUSH_B32 = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4, F
 # the buffered dual at 0.63-0.73x our fp32 eager at b2-b4
 DUAL_SMALL = [rcfg(8, 1, prefetch=True), rcfg(32, 4, 2, 2, 2, 2, True, True, F_NR=1, F_BLOCK_V=16, F_num_warps=2),
               ROUTE(4, 1), ROUTE(8, 1), ROUTE(8, 2), ROUTE(16, 1)]
+# The two-pass dual kernel (_gdn_dual_2pass_kernel, the commit's since session 10) as the b256 flush
+# step (TUNE_MODES flush-dual-2pass; not yet timed), beside the shipped row (16 rows x 2 warps x 8
+# chunks, the triangular solve per chunk chain). sm_90 registers, Qwen3.5-122B dims: 128 rows x 4
+# warps 255 (16- or 32-column steps), 64 x 4 190, 128 x 8 244; no spills.
+_2P = dict(F_TWO_PASS=True)
+DUAL_2PASS = [rcfg(**_OUT_BIG, **f) for f in (
+    dict(_W16, F_NR=8), dict(_2P, F_BLOCK_V=128, F_num_warps=4, F_CHUNK_K=16), dict(_2P, F_BLOCK_V=128, F_num_warps=4),
+    dict(_2P, F_BLOCK_V=64, F_num_warps=4, F_CHUNK_K=16), dict(_2P, F_BLOCK_V=128, F_num_warps=8))]
 # TUNE_MODES names of the focused lists: (mode, configs, batch, models)
 EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) for b in (2, 4, 8)},
          **{f"lean-{m}": (m, c, 256, ("q122b",)) for m, c in LEAN.items()},
          **{f"flush-{m}": (m, c, 256, ("q122b",)) for m, c in FLUSH.items()},
          **{f"flush-dual-bf16-b{b}": ("dual-bf16", FLUSH_SMALL, b, ("q122b",)) for b in (8, 16)},
-         "flush-dual-bf16-b32": ("dual-bf16", FLUSH_B32, 32, ("q122b", "q4b"))}
+         "flush-dual-bf16-b32": ("dual-bf16", FLUSH_B32, 32, ("q122b", "q4b")),
+         "flush-dual-2pass": ("dual-bf16", DUAL_2PASS, 256, ("q122b", "q4b"))}
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
                 rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True),

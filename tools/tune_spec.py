@@ -131,7 +131,7 @@ GDN_VARIANTS: dict[str, dict] = {
     # the "commit" row: 32 rows x 4 warps x 4 chunks; dual states keep the rank-1 fold kernel): the
     # other route, and flush-step tiles around the row (tune_spec_commit*.txt in device-logs-20261130-s9)
     "commit-fold": {"fold": dict(COMMIT_FOLD=True)},
-    "commit-step": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=False)},
+    "commit-step": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=False)},
     "commit-v16-nr2": {"fold": dict(F_BLOCK_V=16, F_NR=2)},
     "commit-v16-nr8": {"fold": dict(F_BLOCK_V=16, F_NR=8)},
     "commit-v32-nr1": {"fold": dict(F_NR=1)},
@@ -144,7 +144,7 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-x2t-v16-nr8": {"fold": dict(F_FOLD_PREC="tf32x2t", F_BLOCK_V=16, F_NR=8)},
     "commit-x2t-v16w2-nr8": {"fold": dict(F_FOLD_PREC="tf32x2t", F_BLOCK_V=16, F_NR=8, F_num_warps=2)},
     "commit-x2t-v64w8": {"fold": dict(F_FOLD_PREC="tf32x2t", F_BLOCK_V=64, F_NR=2, F_num_warps=8)},
-    "commit-step-list": {"fold": dict(COMMIT_FOLD=False, F_COMPACT=True, F_DUAL_COMMIT=False)},   # dual: flush step
+    "commit-step-list": {"fold": dict(COMMIT_FOLD=False, F_COMPACT=True, F_TWO_PASS=False)},   # dual: flush step
     "commit-x3": {"fold": dict(F_FOLD_PREC="tf32x3")},
     # the verify launch's register budget (ptxas: 160 at 64 rows x 2 warps; 128 = 8 programs per SM,
     # no spill on sm_90), pipelining depth with it, and 128 rows on 2 warps in 16-column steps
@@ -167,18 +167,18 @@ GDN_VARIANTS: dict[str, dict] = {
     "dfold-v16w2": {"fold": dict(COMMIT_FOLD=True, BLOCK_V=16, num_warps=2)},
     "dfold-v64w4": {"fold": dict(COMMIT_FOLD=True, BLOCK_V=64, num_warps=4)},
     "dfold-v32w2": {"fold": dict(COMMIT_FOLD=True, BLOCK_V=32, num_warps=2)},
-    "dstep-r1-v32w4": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=False, F_COMPACT=True, F_FOLD_MMA=False,
+    "dstep-r1-v32w4": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=False, F_COMPACT=True, F_FOLD_MMA=False,
                                     F_BLOCK_V=32, F_num_warps=4, F_NR=1)},
-    "dstep-r1-v32w4-nr4": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=False, F_COMPACT=True, F_FOLD_MMA=False,
+    "dstep-r1-v32w4-nr4": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=False, F_COMPACT=True, F_FOLD_MMA=False,
                                         F_BLOCK_V=32, F_num_warps=4, F_NR=4)},
-    "dstep-r1-v16w2": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=False, F_COMPACT=True, F_FOLD_MMA=False,
+    "dstep-r1-v16w2": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=False, F_COMPACT=True, F_FOLD_MMA=False,
                                     F_BLOCK_V=16, F_num_warps=2, F_NR=1)},
-    # the two-pass dual commit kernel (_gdn_dual_commit_kernel): rows per program, warps, dk step
-    "d2p-v64w4": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=64, F_num_warps=4)},
-    "d2p-v128w8": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=128, F_num_warps=8)},
-    "d2p-v32w4": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=32, F_num_warps=4)},
-    "d2p-v64w4-k16": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=64, F_num_warps=4, F_CHUNK_K=16)},
-    "d2p-v128w4-k16": {"fold": dict(COMMIT_FOLD=False, F_DUAL_COMMIT=True, F_BLOCK_V=128, F_num_warps=4,
+    # the two-pass dual commit kernel (_gdn_dual_2pass_kernel): rows per program, warps, dk step
+    "d2p-v64w4": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=64, F_num_warps=4)},
+    "d2p-v128w8": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=128, F_num_warps=8)},
+    "d2p-v32w4": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=32, F_num_warps=4)},
+    "d2p-v64w4-k16": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=64, F_num_warps=4, F_CHUNK_K=16)},
+    "d2p-v128w4-k16": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=128, F_num_warps=4,
                                     F_CHUNK_K=16)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)

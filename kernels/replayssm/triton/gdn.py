@@ -96,6 +96,8 @@ CONFIGS: dict[str, list[tuple]] = {
     # batch <= 64 (few rows flush per step): one 16-row chunk per program. Qwen3.5-122B b8 / b16 /
     # b32: 18.9 / 33.2 / 57.6 us vs 28.9 / 52.9 / 70.0 (NR 8) and 21.2 / 37.9 / 73.8 rank-1;
     # Qwen3.5-4B b32 33.4 vs 53.9 / 41.7 (tune_gdn_flush_dual_small.txt, _b32.txt; b64-128 untimed)
+    # TWO_PASS (opt-in, F_TWO_PASS; not yet timed as a flush step): _gdn_dual_2pass_kernel, the
+    # dual commit's kernel, over the step's flushing rows (tools/tune_gdn.py flush-dual-2pass)
     "flush_step_dual": [(64, 16, 2, dict(_DUAL_FLUSH, NR=1)), (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
     # the speculative commit (plan_commit), fp32 states: the flush step's fold over up to K + T - 1
     # entries (32-entry tiles at T <= 16), a whole head per program, over the rows the cursor launch
@@ -109,12 +111,12 @@ CONFIGS: dict[str, list[tuple]] = {
                               "FOLD_SPLIT": True}),
                  (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                                 "FOLD_SPLIT": True})],
-    # Dual states: the two-pass kernel (_gdn_dual_commit_kernel), a whole head per program on 4
+    # Dual states: the two-pass kernel (_gdn_dual_2pass_kernel), a whole head per program on 4
     # warps in 16-column dk steps: T4 verify + commit round, Qwen3.5-122B b256 dual bf16, 558 us vs
     # 633 with the rank-1 fold kernel, 600 (64 rows x 4 warps), 632 (128 x 8 warps), 805 (32 x 4)
     # (tune_spec_s10f.txt, one run). The rank-1 fold kernel serves the low copies it does not
-    # take (fp8, with per-row scales); F_DUAL_COMMIT False: the flush step (its keys as below)
-    "commit_dual": [(None, 128, 4, dict(_DUAL_FLUSH, NR=1, DUAL_COMMIT=True, CHUNK_K=16))],
+    # take (fp8, with per-row scales); F_TWO_PASS False: the flush step (its keys as below)
+    "commit_dual": [(None, 128, 4, dict(_DUAL_FLUSH, NR=1, TWO_PASS=True, CHUNK_K=16))],
     "fold":     [(None, 32, 4)],
     # verify, batch > 4: a whole 128-row head per program on 2 warps (64 rows per warp), so the
     # per-head work (the buffer keys' and drafts' Gram products, the solve's coefficients) is done
@@ -1003,18 +1005,26 @@ def _gdn_fold_kernel(
 
 
 @triton.jit
-def _gdn_dual_commit_kernel(
-    lst_ptr, idx_ptr, hi_ptr, lo_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, batch,
+def _gdn_dual_2pass_kernel(
+    lst_ptr, idx_ptr, cur_ptr, hi_ptr, lo_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, q_ptr, o_ptr,
+    sqb, sqh, sob, soh, scale, flush_period, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NW: tl.constexpr, NT: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_B: tl.constexpr,
+    NW: tl.constexpr, NT: tl.constexpr, COMPACT: tl.constexpr, WRITE_O: tl.constexpr,
     P_PREC: tl.constexpr, GRAM_PREC: tl.constexpr, SMALL_PREC: tl.constexpr, FOLD_PREC: tl.constexpr,
     INTERP: tl.constexpr, EPS: tl.constexpr,
 ):
-    """Fold of a dual-mode speculative commit (fp32 high copy, 16-bit low copy): the flushing
-    rows listed by _gdn_commit_cursor_kernel (COMPACT: lst[r] = (b << 16) | n, count at
-    lst[batch]), worker w taking ranks w, w + NW, ...; one program per (worker, value head,
-    BLOCK_V rows). The u of entries 0..n are recomputed against the high state S_0 in closed
-    form (the algebra of _gdn_flush_step_kernel's dual FOLD_MMA path):
+    """Fold of dual-mode states (fp32 high copy, 16-bit low copy) for the rows that flush; one
+    program per (worker, value head, BLOCK_V rows), worker w taking the flushing rows of rank
+    w, w + NW, ... The rows:
+      COMPACT (the speculative commit): listed by _gdn_commit_cursor_kernel, lst[r] =
+        (b << 16) | n, their count at lst[batch]; the cursors already moved;
+      else (a SPLIT replay step's second launch): lst[b] = the cursor row b had (-1: padded)
+        from the output-only launch, which appended this step's entry at n; rows with
+        n + 1 >= K flush, and the programs of the first row tile of head 0 write the cursors
+        (0 after a flush, else n + 1), as _gdn_flush_step_kernel does.
+    The u of entries 0..n are recomputed against the high state S_0 in closed form (the
+    algebra of _gdn_flush_step_kernel's dual FOLD_MMA path):
         U = R (I + M)^-1 = R + R X,  R[:, i] = beta_i (v_i - e^{c_i} S_0 k_i / |k_i|),
         M[m, j] = [m < j <= n] beta_j e^{c_j - c_m} (k_m . k_j) / (|k_m| |k_j|),
         S_n = e^{c_n} S_0 + (U * w) Kb,  w_i = e^{c_n - c_i} / |k_i|   (Kb the raw keys)
@@ -1022,9 +1032,10 @@ def _gdn_dual_commit_kernel(
       1. S_0 Kb^T [BV, BL] (P_PREC), the keys' Gram matrix and norms (GRAM_PREC), accumulated
          per step, so no [BV, dk] tile is ever whole in registers;
       2. the state steps again (L2 hits: the program read them just before), each
-         updated by one product with its key columns (FOLD_PREC), stored to both copies.
+         updated by one product with its key columns (FOLD_PREC), stored to both copies;
+         WRITE_O: o = S_n q (q l2-normalised, scaled) replaces the output-only launch's.
     The per-head work (M, X = (I + M)^-1 - I: _unit_tri_inv_minus_eye, SMALL_PREC) is done
-    once per program. The cursors were moved by the cursor launch."""
+    once per program."""
     w = tl.program_id(0)
     pid1 = tl.program_id(1)
     NRT: tl.constexpr = (DV + BLOCK_V - 1) // BLOCK_V
@@ -1033,10 +1044,24 @@ def _gdn_dual_commit_kernel(
     rows = (pid1 % NRT) * BLOCK_V + tl.arange(0, BLOCK_V)
     rm = rows < DV
     ll = tl.arange(0, BLOCK_L)
-    n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
+    if COMPACT:
+        n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
+    else:
+        bb = tl.arange(0, BLOCK_B)
+        nb = tl.load(lst_ptr + bb, mask=bb < batch, other=-1)
+        fl = (nb >= 0) & (nb + 1 >= flush_period)
+        rank = tl.cumsum(fl.to(tl.int32), 0) - 1
+        if pid1 == 0:
+            mine = (nb >= 0) & (bb % NW == w)
+            sl = tl.load(idx_ptr + bb, mask=mine, other=0)
+            tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
+        n_mine = tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)
     for t in range(NT):
         if t < n_mine:
-            key = tl.load(lst_ptr + w + t * NW)
+            if COMPACT:
+                key = tl.load(lst_ptr + w + t * NW)
+            else:
+                key = tl.max(tl.where(fl & (rank == w + t * NW), (bb << 16) | nb, -1), 0)   # (n < 2^16, b < 2^15)
             b = key >> 16
             n = key & 0xFFFF
             slot64 = tl.load(idx_ptr + b).to(tl.int64)
@@ -1047,6 +1072,7 @@ def _gdn_dual_commit_kernel(
             P = tl.zeros([BLOCK_V, BLOCK_L], tl.float32)
             KK = tl.zeros([BLOCK_L, BLOCK_L], tl.float32)
             nk = tl.zeros([BLOCK_L], tl.float32)
+            nq = 0.0
             for c0 in tl.range(0, DK, BLOCK_K):
                 cols = c0 + tl.arange(0, BLOCK_K)
                 cm = cols < DK
@@ -1058,6 +1084,9 @@ def _gdn_dual_commit_kernel(
                 KK = mma_acc(kb, kbT, KK, GRAM_PREC, INTERP)
                 kf = kb.to(tl.float32)
                 nk += tl.sum(kf * kf, 1)
+                if WRITE_O:
+                    qc = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cm, other=0.0).to(tl.float32)
+                    nq += tl.sum(qc * qc, 0)
             rk = tl.rsqrt(nk + EPS)
             gl = tl.load(gb_ptr + el, mask=lm, other=0.0).to(tl.float32)
             bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
@@ -1072,6 +1101,7 @@ def _gdn_dual_commit_kernel(
             R = bl[None, :] * (V - (tl.exp(cl) * rk)[None, :] * P)
             W = (R + mm(R, X, SMALL_PREC, INTERP)) * tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)[None, :]
             eC = tl.exp(Cn)
+            o = tl.zeros([BLOCK_V], tl.float32)
             for c0 in tl.range(0, DK, BLOCK_K):
                 cols = c0 + tl.arange(0, BLOCK_K)
                 cm = cols < DK
@@ -1083,6 +1113,12 @@ def _gdn_dual_commit_kernel(
                     + mm(W, kb, FOLD_PREC, INTERP)
                 tl.store(hi_ptr + tile, S, mask=m2)
                 tl.store(lo_ptr + tile, cast(S, lo_ptr.dtype.element_ty, INTERP), mask=m2)
+                if WRITE_O:
+                    qc = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cm, other=0.0).to(tl.float32)
+                    o += tl.sum(S * qc[None, :], 1)
+            if WRITE_O:
+                o = o * (tl.rsqrt(nq + EPS) * scale)
+                tl.store(o_ptr + b * sob + h * soh + rows, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
 
 
 # ----------------------------------------------------------------------------- verify
@@ -1412,8 +1448,11 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                 RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, **rm, **ck_meta)
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
-        plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale,
-                                      _flush_step_row(rs, batch, "flush_step", config), rows_per=1))
+        fc = _flush_step_row(rs, batch, "flush_step", config)
+        if fc.get("TWO_PASS") and _dual_2pass_fits(rs):     # opt-in (F_TWO_PASS) until timed on a GPU
+            plans.append(_plan_dual_2pass(rs, q, o, idx, nxt, batch, scale, fc, 1, write_o=True, compact=False))
+        else:
+            plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, fc, rows_per=1))
     return plans
 
 
@@ -1597,17 +1636,17 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, config=None) ->
 def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, config=None) -> list:
     """Launch plans of a speculative commit: [the cursor launch (_gdn_commit_cursor_kernel: the
     cursors moved, the flushing rows listed), then the fold]: fp32 states the flush step's
-    FOLD_MMA fold (no output); dual states with a 16-bit low copy (DUAL_COMMIT) the two-pass
-    kernel (_gdn_dual_commit_kernel). Where the row (or the config) says COMMIT_FOLD, or
-    DUAL_COMMIT cannot take the state (fp8 low copy): [the rank-1 fold kernel, ticket cursor]."""
+    FOLD_MMA fold (no output); dual states with a 16-bit low copy (TWO_PASS) the two-pass
+    kernel (_gdn_dual_2pass_kernel). Where the row (or the config) says COMMIT_FOLD, or
+    TWO_PASS cannot take the state (fp8 low copy): [the rank-1 fold kernel, ticket cursor]."""
     batch = accepted.shape[0]
     if batch >= 1 << 15:
         raise ValueError(f"commit: batch {batch} > 32767 (the flush step packs the row index in 15 bits)")
     idx = _rows_index(state_indices, batch, accepted.device)
     config = {**OVERRIDE.get("fold", {}), **(config or {})}
     fc = _flush_step_row(rs, batch, "commit", config)
-    two_pass = bool(fc.get("DUAL_COMMIT")) and _dual_commit_fits(rs)
-    if config.get("COMMIT_FOLD", fc.get("COMMIT_FOLD")) or (fc.get("DUAL_COMMIT") and not two_pass):
+    two_pass = bool(fc.get("TWO_PASS")) and _dual_2pass_fits(rs)
+    if config.get("COMMIT_FOLD", fc.get("COMMIT_FOLD")) or (fc.get("TWO_PASS") and not two_pass):
         return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
     compact = two_pass or bool(fc.get("COMPACT", False))
     nxt = _nxt(rs, batch, accepted.device)            # compact: the flushing rows, then their count
@@ -1616,32 +1655,38 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
             dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
     if two_pass:
-        return [snap, _plan_dual_commit(rs, idx, nxt, batch, fc, T)]
+        # no output: the buffers stand in for q and o (unread)
+        return [snap, _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True)]
     # no output: the buffers stand in for q and o (unread)
     step = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T, write_o=False,
                             compact=compact)
     return [snap, step]
 
 
-def _dual_commit_fits(rs: GDNReplayState) -> bool:
-    """_gdn_dual_commit_kernel's case: dual mode, fp32 high copy, 16-bit low copy without
+def _dual_2pass_fits(rs: GDNReplayState) -> bool:
+    """_gdn_dual_2pass_kernel's case: dual mode, fp32 high copy, 16-bit low copy without
     scales (an fp8 copy's per-row scale needs the whole row at once), at most 64 entries."""
     return (rs.mode == "dual" and rs.hi.data.dtype == torch.float32 and rs.hi.scale is None
             and rs.lo.data.dtype in (torch.bfloat16, torch.float16) and rs.capacity <= 64)
 
 
-def _plan_dual_commit(rs: GDNReplayState, idx, lst, batch: int, fc: dict, rows_per: int):
-    """Plan of _gdn_dual_commit_kernel: grid (workers, Hv x row tiles), workers
-    NW = cdiv(batch * rows_per, K) as the flush step's."""
+def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: dict, rows_per: int,
+                     write_o: bool, compact: bool):
+    """Plan of _gdn_dual_2pass_kernel: grid (workers, Hv x row tiles), workers
+    NW = cdiv(batch * rows_per, K) as the flush step's. q [b, Hk, dk], o [b, Hv, dv]: the
+    step's query and output (write_o; else any tensors, unread)."""
     _, Hv, dv, dk = rs.hi.data.shape
     Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
     bv = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
     ck = max(16, min(int(fc.get("CHUNK_K", VERIFY_CHUNK_K)), triton.next_power_of_2(dk)))
     nw = max(1, min(batch, triton.cdiv(batch * rows_per, K)))
+    bb = triton.next_power_of_2(batch)
     grid = (nw, Hv * triton.cdiv(dv, bv))
-    args = [lst, idx, rs.hi.data, rs.lo.data, rs.k, rs.g, rs.v, rs.beta, batch]
+    args = [lst, idx, rs.cursor, rs.hi.data, rs.lo.data, rs.k, rs.g, rs.v, rs.beta, q, o,
+            *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_V=bv, BLOCK_K=ck,
-                BLOCK_L=max(16, triton.next_power_of_2(L)), NW=nw, NT=triton.cdiv(triton.next_power_of_2(batch), nw),
+                BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_B=bb, NW=nw, NT=triton.cdiv(bb, nw),
+                COMPACT=compact, WRITE_O=write_o,
                 P_PREC=split_precision(torch.float32, rs.k.dtype),
                 GRAM_PREC=mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
                 SMALL_PREC=split_precision(torch.float32, torch.float32),
@@ -1650,7 +1695,7 @@ def _plan_dual_commit(rs: GDNReplayState, idx, lst, batch: int, fc: dict, rows_p
     for opt in ("num_stages", "maxnreg"):
         if opt in fc:
             meta[opt] = int(fc[opt])
-    return _gdn_dual_commit_kernel, grid, args, meta
+    return _gdn_dual_2pass_kernel, grid, args, meta
 
 
 def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, config=None) -> None:

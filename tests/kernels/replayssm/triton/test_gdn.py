@@ -197,8 +197,25 @@ REPLAY_CASES = [
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
     ("dual-bf16-tall-split-rank1", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
+    # the two-pass dual kernel as the flush step (opt-in F_TWO_PASS; the commit's by default): the
+    # rows found by scanning the step's cursors, the output rewritten; row tiles, dk steps, GQA
+    ("dual-bf16-tall-split-2pass", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_CHUNK_K": 16, "F_TWO_PASS": True}),
+    ("dual-f16-gqa-split-2pass", GQA, "dual", "float32", "float16", torch.float32, 5, 3,
+     {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_TWO_PASS": True}),
 ]
 FOLD_ROUTE_CASES = [c for c in REPLAY_CASES if "F_FOLD_MMA" in (c[-1] or {})]
+TWO_PASS_CASES = [c for c in REPLAY_CASES if (c[-1] or {}).get("F_TWO_PASS")]
+
+
+@pytest.mark.parametrize("case", TWO_PASS_CASES, ids=[c[0] for c in TWO_PASS_CASES])
+def test_two_pass_cases_take_that_route(case):
+    name, sh, mode, sd, lo, act, L, K, cfg = case
+    rs, _ = make_pair(sh, 4, L, K, mode, sd, lo, act, gen(3))
+    x = step_inputs(sh, 3, act, gen(4))
+    from replayssm.triton import gdn as TK
+    plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)
+    assert plans[1][0] is TK._gdn_dual_2pass_kernel and plans[1][3]["WRITE_O"] and not plans[1][3]["COMPACT"]
 
 
 @pytest.mark.parametrize("case", FOLD_ROUTE_CASES, ids=[c[0] for c in FOLD_ROUTE_CASES])
@@ -392,14 +409,14 @@ def test_commit_route_plan():
     f32_keys = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, act_dtype=torch.float32, device="meta")
     assert TK.plan_commit(f32_keys, acc, None)[1][3]["FOLD_PREC"] == "tf32x3t"
     # dual: the two-pass kernel over the listed rows (whole heads, 16-column dk steps); an fp8
-    # low copy (per-row scales) through the rank-1 fold kernel; F_DUAL_COMMIT off: the flush step
+    # low copy (per-row scales) through the rank-1 fold kernel; F_TWO_PASS off: the flush step
     snap, two = TK.plan_commit(rs("dual", "bfloat16"), acc, None)
-    assert (snap[0], two[0]) == (TK._gdn_commit_cursor_kernel, TK._gdn_dual_commit_kernel) and snap[3]["COMPACT"]
+    assert (snap[0], two[0]) == (TK._gdn_commit_cursor_kernel, TK._gdn_dual_2pass_kernel) and snap[3]["COMPACT"]
     assert (two[1], two[3]["BLOCK_K"], two[3]["BLOCK_L"]) == ((batch * T // K, Hv), 16, 32)
     assert [p[0] for p in TK.plan_commit(rs("dual", "float8_e4m3"), acc, None)] == [TK._gdn_fold_kernel]
     assert [p[0] for p in TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"COMMIT_FOLD": True})] == [
         TK._gdn_fold_kernel]
-    dual_step = TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"F_DUAL_COMMIT": False})
+    dual_step = TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"F_TWO_PASS": False})
     assert [p[0] for p in dual_step] == [TK._gdn_commit_cursor_kernel, TK._gdn_flush_step_kernel]
     assert dual_step[1][3]["DUAL"] and not dual_step[1][3]["WRITE_O"]
     assert [p[0] for p in TK.plan_commit(rs("replay"), acc, None, {"COMMIT_FOLD": True})] == [TK._gdn_fold_kernel]
@@ -500,21 +517,21 @@ VERIFY_CASES = [
     ("packed-wide-f32-gqa-T9", TALL, "replay", "float32", None, torch.float32, 9, 3, 12, {"BLOCK_V": 16}),
     ("dual-fp8-gqa-T5", GQA, "dual", "float32", "float8_e4m3", torch.bfloat16, 5, 3, 8, None),
     # commit routes besides the table's (fp32: the flush step; dual 16-bit: the two-pass kernel):
-    # dual through the flush step's fold and through the rank-1 fold kernel, fp32 through the latter
+    # dual through the flush step's fold, fp32 through the rank-1 fold kernel (dual-fp8-gqa-T5
+    # takes it by the table)
     ("commit-step-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
-     {"COMMIT_FOLD": False, "F_DUAL_COMMIT": False}),
-    ("commit-fold-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
+     {"COMMIT_FOLD": False, "F_TWO_PASS": False}),
     ("commit-fold-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7, {"COMMIT_FOLD": True}),
     # the flush step's two ways to find the flushing rows: a batch-wide scan (fp32: the table lists
     # them in the cursor launch, COMPACT) and the list (dual)
     ("commit-scan-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7, {"F_COMPACT": False}),
     ("commit-list-dual-bf16-T2", GQA, "dual", "float32", "bfloat16", torch.bfloat16, 2, 3, 5,
-     {"COMMIT_FOLD": False, "F_COMPACT": True, "F_DUAL_COMMIT": False}),
-    # the dual commit's two-pass kernel (_gdn_dual_commit_kernel): row tiles, dk steps, GQA, fp16 low copy
+     {"COMMIT_FOLD": False, "F_COMPACT": True, "F_TWO_PASS": False}),
+    # the dual commit's two-pass kernel (_gdn_dual_2pass_kernel): row tiles, dk steps, GQA, fp16 low copy
     ("commit-2pass-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
-     {"COMMIT_FOLD": False, "F_DUAL_COMMIT": True, "F_CHUNK_K": 16}),
+     {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_CHUNK_K": 16}),
     ("commit-2pass-dual-f16-gqa-T4", GQA, "dual", "float32", "float16", torch.float32, 4, 3, 7,
-     {"COMMIT_FOLD": False, "F_DUAL_COMMIT": True, "F_BLOCK_V": 16}),
+     {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_BLOCK_V": 16}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
@@ -605,9 +622,12 @@ for b in (1, 256):
             res[f"replay eager-route {mode} b1"] = G.plan_replay(rs(mode, lo), **i, state_indices=None, scale=.1,
                                                                  o=i["v"], config={"EAGER_ROUTE": True, "BLOCK_V": 8,
                                                                                    "num_warps": 1})[0]
-    if b > 1:   # the flush step's rank-1 fold (FOLD_MMA is the default)
+    if b > 1:   # the flush step's rank-1 fold (FOLD_MMA is the default); the opt-in two-pass dual flush
         res["replay rank-1 flush step b256"] = G.plan_replay(rs("replay"), **i, state_indices=None, scale=.1,
                                                              o=i["v"], config={"F_FOLD_MMA": False})[-1]
+        res["replay dual two-pass b256 launch 1"] = G.plan_replay(
+            rs("dual", "bfloat16"), **i, state_indices=None, scale=.1, o=i["v"],
+            config={"F_TWO_PASS": True, "F_BLOCK_V": 128, "F_num_warps": 4, "F_CHUNK_K": 16})[-1]
     res[f"fold dual b{b}"] = G.plan_fold(rs("dual", "float8_e4m3"), torch.empty(b, dtype=torch.int32, device=M), None, 1)
     iv = x(b, 4)
     res[f"verify T4 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv, state_indices=None, scale=.1, o=iv["v"])
