@@ -1062,7 +1062,7 @@ def _gdn_dual_2pass_kernel(
                 key = tl.load(lst_ptr + w + t * NW)
             else:
                 key = tl.max(tl.where(fl & (rank == w + t * NW), (bb << 16) | nb, -1), 0)   # (n < 2^16, b < 2^15)
-            b = key >> 16
+            b = (key >> 16).to(tl.int64)
             n = key & 0xFFFF
             slot64 = tl.load(idx_ptr + b).to(tl.int64)
             lm = ll <= n
