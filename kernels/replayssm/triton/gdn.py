@@ -727,6 +727,31 @@ def _stored_entry(F, wrun, i, n, slot64, h, kh, rr, rm, cols, cmask, ub_ptr, kb_
 
 
 @triton.jit
+def _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w, writer, NW: tl.constexpr,
+                   BLOCK_B: tl.constexpr):
+    """The flushing rows of a SPLIT replay step, from nxt[b] = the cursor row b had (-1: padded;
+    this step's entry is at n): rows with n + 1 >= K flush, ranked in batch order. The programs
+    with `writer` set (one per worker) write the cursors of rows b % NW == w: 0 after a flush,
+    else n + 1. Returns (bb, nb, fl, rank) over the BLOCK_B rows and this worker's count of
+    ranks w, w + NW, ..."""
+    bb = tl.arange(0, BLOCK_B)
+    nb = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
+    fl = (nb >= 0) & (nb + 1 >= flush_period)
+    rank = tl.cumsum(fl.to(tl.int32), 0) - 1
+    if writer:
+        mine = (nb >= 0) & (bb % NW == w)
+        sl = tl.load(idx_ptr + bb, mask=mine, other=0)
+        tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
+    return bb, nb, fl, rank, tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)
+
+
+@triton.jit
+def _ranked_key(bb, nb, fl, rank, r):
+    """(b << 16) | n of the flushing row of rank r (-1: none), from _scan_flushing (n < 2^16, b < 2^15)."""
+    return tl.max(tl.where(fl & (rank == r), (bb << 16) | nb, -1), 0)
+
+
+@triton.jit
 def _gdn_flush_step_kernel(
     q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
@@ -794,17 +819,9 @@ def _gdn_flush_step_kernel(
     cmask = cols < DK
     if COMPACT:
         n_mine = (tl.load(nxt_ptr + batch) - w + NW - 1) // NW       # this worker's ranks w, w + NW, ...
-    else:
-        bb = tl.arange(0, BLOCK_B)
-        nb = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
-        fl = (nb >= 0) & (nb + 1 >= flush_period)
-        rank = tl.cumsum(fl.to(tl.int32), 0) - 1
-        if (pid0 == 0) & (kh == 0):
-            mine = (nb >= 0) & (bb % NW == w)
-            sl = tl.load(idx_ptr + bb, mask=mine, other=0)
-            tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
-        if FOLD_MMA:
-            n_mine = tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)
+    else:   # (the rank-1 path below does not use n_mine)
+        bb, nb, fl, rank, n_mine = _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w,
+                                                  (pid0 == 0) & (kh == 0), NW, BLOCK_B)
     for t in range(NT):
         if COMPACT:
             key = n_mine * 0 - 1
@@ -812,10 +829,9 @@ def _gdn_flush_step_kernel(
                 key = tl.load(nxt_ptr + w + t * NW)
             hit = key >= 0
         elif FOLD_MMA:   # past its own ranks a worker skips the reduction; one finds the row and its cursor
-            pick = fl & (rank == w + t * NW)
             key = n_mine * 0 - 1
             if t < n_mine:
-                key = tl.max(tl.where(pick, (bb << 16) | nb, -1), 0)     # (n < 2^16, b < 2^15)
+                key = _ranked_key(bb, nb, fl, rank, w + t * NW)
             hit = key >= 0
         else:
             pick = fl & (rank == w + t * NW)
@@ -1047,21 +1063,14 @@ def _gdn_dual_2pass_kernel(
     if COMPACT:
         n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
     else:
-        bb = tl.arange(0, BLOCK_B)
-        nb = tl.load(lst_ptr + bb, mask=bb < batch, other=-1)
-        fl = (nb >= 0) & (nb + 1 >= flush_period)
-        rank = tl.cumsum(fl.to(tl.int32), 0) - 1
-        if pid1 == 0:
-            mine = (nb >= 0) & (bb % NW == w)
-            sl = tl.load(idx_ptr + bb, mask=mine, other=0)
-            tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
-        n_mine = tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)
+        bb, nb, fl, rank, n_mine = _scan_flushing(lst_ptr, idx_ptr, cur_ptr, batch, flush_period, w, pid1 == 0,
+                                                  NW, BLOCK_B)
     for t in range(NT):
         if t < n_mine:
             if COMPACT:
                 key = tl.load(lst_ptr + w + t * NW)
             else:
-                key = tl.max(tl.where(fl & (rank == w + t * NW), (bb << 16) | nb, -1), 0)   # (n < 2^16, b < 2^15)
+                key = _ranked_key(bb, nb, fl, rank, w + t * NW)
             b = (key >> 16).to(tl.int64)
             n = key & 0xFFFF
             slot64 = tl.load(idx_ptr + b).to(tl.int64)
