@@ -98,6 +98,12 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # fp32 state x C in two tf32 passes of a truncation split (mma.py "tf32x2t") instead of bf16x3
     # (Super: 154 registers, no spill, vs 128 + 8 bytes of stack)
     "s-t2": dict(s_prec="tf32x2t"),
+    # session 11: the default became "bf16x2" (two bf16 passes against the bf16 C); Triton's
+    # "bf16x3" (session 10's default: a third pass against C's zero low part) beside it
+    "s-b3": dict(s_prec="bf16x3"),
+    "b32w2-n64": dict(block_p=32, warps=2, chunk_n=64),
+    "b32w2-n16": dict(block_p=32, warps=2, chunk_n=16),
+    "b16w1-n64": dict(block_p=16, warps=1, chunk_n=64),
     # the commit's fold (session 10; the table: 16 rows x 4 warps, the whole head per program)
     "fold-w2": dict(fold=dict(warps=2)),
     "fold-w1": dict(fold=dict(warps=1)),
@@ -184,7 +190,7 @@ GDN_VARIANTS: dict[str, dict] = {
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
 PREC_KEYS = ("s_prec", "S_PREC")     # the fp32 state tile's dot precision: not for a bf16 read copy
-PREC_NAMES = ("bf16x3", "tf32x3", "split3", "ieee")
+PREC_NAMES = ("bf16x3", "bf16x2", "tf32x3", "split3", "ieee", "b3", "t2")
 
 
 def variants_of(op: str, lo: str = "none", names=None) -> dict[str, dict]:

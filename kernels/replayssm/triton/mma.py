@@ -11,6 +11,10 @@ when one operand is exact. Two cheaper splits, by truncation (hi = the top 19 bi
 word, lo = a - hi exactly; the tensor core ignores the 13 low bits of lo): "tf32x2t" for a times
 b with b exact in tf32 (bf16 / fp16 / fp8 values: the drafts' keys and queries, C): a split,
 two passes, ~2^-20 per product; "tf32x3t" when both are fp32: hi*hi + hi*lo + lo*hi, ~2^-20.
+Triton's "bf16x3" likewise makes its third pass (a_hi * b_lo) even when b is bf16; "bf16x2"
+drops it: a = hi + lo, both rounded to bf16 (hi = bf16(a), lo = bf16(a - hi)), two bf16 MMAs
+against b exact in bf16 (bf16 / fp8 values), ~2^-16 per product (the rounding of lo), half
+the tensor-core passes of "tf32x2t".
 Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
 precisions, every tl.dot product runs in fp32 ("ieee"); the truncation splits run as written
 there (their tf32 dots in fp32), so the CPU tests check their algebra, the GPU tests their error.
@@ -53,9 +57,25 @@ def tf32_split(a):
 
 
 @triton.jit
+def bf16_split(a):
+    """(hi, lo) bf16 with a ~= hi + lo: hi = bf16(a), lo = bf16(a - hi); |a - hi - lo| <= 2^-16 |a|."""
+    hi = a.to(tl.bfloat16)
+    return hi, (a - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
 def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
     """acc + a @ b (float32 accumulator) at precision PREC (module doc)."""
-    if PREC == "tf32x2t":     # b exact in tf32; small term first
+    if PREC == "bf16x2":      # b exact in bf16; small term first
+        hi, lo = bf16_split(a.to(tl.float32))
+        if EXACT:   # the CPU interpreter mis-evaluates bf16 dots: the same products in fp32
+            b32 = b.to(tl.float32)
+            r = tl.dot(hi.to(tl.float32), b32, tl.dot(lo.to(tl.float32), b32, acc, input_precision="ieee"),
+                       input_precision="ieee")
+        else:
+            b16 = b.to(tl.bfloat16)
+            r = tl.dot(hi, b16, tl.dot(lo, b16, acc))
+    elif PREC == "tf32x2t":     # b exact in tf32; small term first
         b32 = b.to(tl.float32)
         hi, lo = tf32_split(a.to(tl.float32))
         r = tl.dot(hi, b32, tl.dot(lo, b32, acc, input_precision="tf32"), input_precision="tf32")
@@ -76,7 +96,7 @@ def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 @triton.jit
 def mm(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
     """a @ b -> float32 at precision PREC (module doc)."""
-    if (PREC == "tf32x2t") or (PREC == "tf32x3t"):
+    if (PREC == "tf32x2t") or (PREC == "tf32x3t") or (PREC == "bf16x2"):
         r = mma_acc(a, b, tl.zeros([a.shape[0], b.shape[1]], tl.float32), PREC, EXACT)
     elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")

@@ -437,9 +437,25 @@ def test_flush(device, mode, lo):
 SPEC_CASES = [
     # id                 mode          state      lo             act             T
     ("replay-f32",       "replay",     "float32", None,          torch.float32,  3),
+    ("replay-f32-bf16y", "replay",     "float32", None,          torch.bfloat16, 4),   # bf16x2 state product
     ("dual-fp8",         "dual",       "float32", "float8_e4m3", torch.float32,  2),
     ("shared-low-bf16",  "shared-low", "float32", "bfloat16",    torch.bfloat16, 2),
 ]
+
+
+def test_verify_state_precision():
+    """The verify's state x C product: a two-pass bf16 split for fp32 states feeding 16-bit
+    outputs when C is exact in bf16 (three passes when it is fp16), tl.dot's fp32 precision
+    for fp32 outputs, plain bf16 MMAs for 16-bit read copies."""
+    from replayssm.triton import mamba2 as tk
+    f32, bf16, f16, fp8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn
+    assert tk._verify_state_precision(f32, bf16, bf16) == "bf16x2"
+    assert tk._verify_state_precision(f32, bf16, f16) == "bf16x2"
+    assert tk._verify_state_precision(f32, f16, f16) == "bf16x3"
+    assert tk._verify_state_precision(f32, f32, f32) == tk.VERIFY_F32_PRECISION
+    assert tk._verify_state_precision(f32, bf16, f32) == tk.VERIFY_F32_PRECISION
+    assert tk._verify_state_precision(bf16, bf16, bf16) == "bf16"
+    assert tk._verify_state_precision(fp8, bf16, bf16) == "bf16"
 
 
 @pytest.mark.parametrize("device", DEVICES)

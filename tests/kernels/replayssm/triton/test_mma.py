@@ -1,6 +1,7 @@
 """The verify kernels' matrix-product helpers (replayssm.triton.mma) against fp64 products:
 the truncation splits "tf32x2t" (one fp32 operand, the other exact in tf32) and "tf32x3t"
-(both fp32), beside Triton's "tf32x3". Under the CPU interpreter their tf32 dots run in fp32,
+(both fp32), the two-pass bf16 split "bf16x2" (the other operand exact in bf16), beside
+Triton's "tf32x3". Under the CPU interpreter their tf32 dots run in fp32,
 so this checks the split algebra; on a GPU it checks the error bound of the tensor cores."""
 from __future__ import annotations
 
@@ -47,12 +48,13 @@ def _run(a, b, prec, acc=None):
 
 
 # the bound per product relative to sum |a_ik b_kj|: 2^-20 for the truncation splits
-# (one lost tf32 rounding of the low part), Triton's tf32x3 ~2^-22
-BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19}
+# (one lost tf32 rounding of the low part), Triton's tf32x3 ~2^-22; bf16x2 2^-16 (the bf16
+# rounding of the low part; Triton's bf16x3 is the same against an operand exact in bf16)
+BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19, "bf16x2": 2.0 ** -15}
 
 
 @pytest.mark.parametrize("prec,b_dtype", [("tf32x2t", torch.bfloat16), ("tf32x3t", torch.float32),
-                                          ("tf32x3", torch.float32)])
+                                          ("tf32x3", torch.float32), ("bf16x2", torch.bfloat16)])
 @pytest.mark.parametrize("with_acc", [False, True])
 def test_products_within_bound(prec, b_dtype, with_acc):
     g = gen(11)
