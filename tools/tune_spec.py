@@ -17,9 +17,9 @@ In order (no new measurement starts after --deadline seconds; rows print as they
      batch 2 (2 rounds), filling Triton's on-disk cache with the keys the timed launches use;
      timing starts once they are done (or after --deadline / 3 s);
   3. cases in priority order:
-       p0  T = 4, batch 256, fp32 state: Super, Qwen3.5-122B, Nano, Qwen3.5-4B
+       p0  T = 4, batch 256 (--batch), fp32 state: Super, Qwen3.5-122B, Nano, Qwen3.5-4B
            (the two big models first, so a short run still covers both families);
-       p1  dual bf16 (fp32 checkpoint + bf16 read copy) at Super and Qwen3.5-122B, batch 256,
+       p1  dual bf16 (fp32 checkpoint + bf16 read copy) at Super and Qwen3.5-122B, batch 256 (--batch),
            T = 4, the variants without their state-tile precision (s_prec / S_PREC: the
            read copy is bf16, its exact MMA is "bf16"; equal ones once), method
            spec-replay-dual; the baselines of the fp32 case at the same model, batch and T are
@@ -104,6 +104,13 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     "b32w2-n64": dict(block_p=32, warps=2, chunk_n=64),
     "b32w2-n16": dict(block_p=32, warps=2, chunk_n=16),
     "b16w1-n64": dict(block_p=16, warps=1, chunk_n=64),
+    # a whole head per program as a 64-row tile and a tail tile (Nano: 64 + 16 rows, none masked;
+    # the Gram matrices and weights once per head, not once per 32-row tile)
+    "whole": dict(block_p=64, warps=2, whole=True),
+    "whole-w4": dict(block_p=64, warps=4, whole=True),
+    "whole-n16": dict(block_p=64, warps=2, whole=True, chunk_n=16),
+    "whole-w4-n16": dict(block_p=64, warps=4, whole=True, chunk_n=16),
+    "whole-b3": dict(block_p=64, warps=2, whole=True, s_prec="bf16x3"),
     # the commit's fold (session 10; the table: 16 rows x 4 warps, the whole head per program)
     "fold-w2": dict(fold=dict(warps=2)),
     "fold-w1": dict(fold=dict(warps=1)),
@@ -167,6 +174,11 @@ GDN_VARIANTS: dict[str, dict] = {
     "bv128w2": dict(BLOCK_V=128, num_warps=2),
     "bv128w4-k16": dict(BLOCK_V=128, num_warps=4, CHUNK_K=16),
     "bv128w1-k16": dict(BLOCK_V=128, num_warps=1, CHUNK_K=16),
+    # session 11, batch 128 (Qwen3.5-4B's 3x miss): session 9's 64-row tile, the commit's
+    # batch <= 64 row above 64
+    "bv64w2": dict(BLOCK_V=64, num_warps=2),
+    "commit-v32w4-nr4": {"fold": dict(F_BLOCK_V=32, F_num_warps=4, F_NR=4)},
+    "commit-v16w2-nr4": {"fold": dict(F_BLOCK_V=16, F_num_warps=2, F_NR=4)},
     # the dual commit (u recomputed against the high copy; the table's is the two-pass kernel since
     # session 10): the rank-1 fold kernel's tiles (fp8 low copies), the flush step's rank-1 path
     # (FOLD_MMA off) over the listed rows (the dfold variants route fp32 commits to the fold kernel too)
@@ -299,8 +311,8 @@ def plan(args) -> list[dict]:
         if unknown:
             raise SystemExit(f"--variants: unknown {', '.join(unknown)}; allowed: "
                              f"{', '.join(sorted(set(MAMBA2_VARIANTS) | set(GDN_VARIANTS)))}")
-    out = [g(0, k, 256, "none", True, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
-    out += [g(1, k, 256, "bfloat16", False, keep) for k in ("super", "q122b") if k in names]
+    out = [g(0, k, args.batch, "none", True, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
+    out += [g(1, k, args.batch, "bfloat16", False, keep) for k in ("super", "q122b") if k in names]
     out += [g(2, k, 32, "none", True, keep) for k in ("super", "q122b") if k in names]
     return out
 
@@ -328,7 +340,7 @@ def copy_ceiling(dev: str) -> float:
 
 def launch_desc(case, model) -> str:
     """The verify launch the current OVERRIDE resolves to at the case's dims (planned on the
-    'meta' device, nothing runs): Mamba-2 'P<rows> n<state cols per MMA> w<warps> <s_prec>[ M]
+    'meta' device, nothing runs): Mamba-2 'P<rows>[+<tail rows>] n<state cols per MMA> w<warps> <s_prec>[ M]
     x:<x_prec> early|late', GDN 'V<rows> w<warps> k<dk per MMA> <s_prec> early|late' (+ other
     *PREC constexprs)."""
     from replaybench.runners.spec import spec_inputs
@@ -349,7 +361,8 @@ def launch_desc(case, model) -> str:
                                         "float32", lo, torch.bfloat16, "meta")
         la = tk.plan_verify(rs, **inp, **params, state_indices=idx)[0][0]
         m = la.meta
-        return (f"P{m['BLOCK_P']} n{m['BLOCK_N']} w{m['num_warps']} {m['S_PREC']}"
+        return (f"P{m['BLOCK_P']}{'+' + str(m['TAIL_P']) if m.get('TAIL_P') else ''} n{m['BLOCK_N']}"
+                f" w{m['num_warps']} {m['S_PREC']}"
                 f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}")
     gk = _module("gdn")
     rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
@@ -586,6 +599,7 @@ def main() -> int:
     ap.add_argument("--variants", default="", help="comma list of variant names to measure (plus default; "
                     "a family measures the ones it has); default: all")
     ap.add_argument("--T", type=int, default=T_SPEC, help="draft window (default 4)")
+    ap.add_argument("--batch", type=int, default=256, help="batch of the p0 and p1 cases (default 256)")
     ap.add_argument("--K", type=int, default=K, help="flush period (default 16; buffer_len = K + T)")
     ap.add_argument("--max-time", type=float, default=0.5, help="timing: max seconds of samples per measurement")
     ap.add_argument("--workers", type=int, default=12, help="background compile processes (0: none)")

@@ -822,6 +822,34 @@ def _mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
+def _verify_tile_out(Y, offs_p, mask_p, in_p, XbT, XdT, W, Wd, decay, mask_l, Dh, n, mask_t,
+                     z_ptr, y_ptr, bx_ptr, rd_sc_ptr, b, slot, h, bx_base,
+                     s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h, s_bx_l, s_sc_s, s_sc_h, L,
+                     T: tl.constexpr, BLOCK_T: tl.constexpr, HAS_Z: tl.constexpr, RD_SCALE: tl.constexpr,
+                     X_PREC: tl.constexpr, EXACT: tl.constexpr):
+    """One row tile's outputs (rows offs_p [R]) from its checkpoint term Y = S C^T [R, BT], its
+    buffered inputs XbT [R, BL] (rows >= n not yet masked) and drafts XdT [R, BT]; stores y and
+    appends the drafts' x at buffer rows n..n+T-1 (see _verify_kernel)."""
+    offs_t = tl.arange(0, BLOCK_T)
+    if RD_SCALE:
+        Y = Y * tl.load(rd_sc_ptr + slot * s_sc_s + h * s_sc_h + offs_p, mask=mask_p, other=1.0)[:, None]
+    XbT = tl.where(mask_l[None, :], XbT, 0.0)   # rows >= n may be stale: never multiplied
+    Y = Y * decay[None, :]
+    Y = _mma_acc(XbT, W, Y, X_PREC, EXACT)
+    Y = _mma_acc(XdT, Wd, Y, X_PREC, EXACT)
+    Y += Dh * XdT.to(tl.float32)
+    mask_pt = mask_p[:, None] & mask_t[None, :]
+    if HAS_Z:
+        Y = Y * silu(tl.load(z_ptr + b * s_z_b + offs_t[None, :] * s_z_t + h * s_z_h + offs_p[:, None],
+                              mask=mask_pt, other=0.0).to(tl.float32))
+    tl.store(y_ptr + b * s_y_b + offs_t[None, :] * s_y_t + h * s_y_h + offs_p[:, None],
+             cast(Y, y_ptr.dtype.element_ty, EXACT), mask=in_p[:, None] & (offs_t < T)[None, :])
+    pos = n + offs_t
+    wr = mask_t & (pos < L)
+    tl.store(bx_ptr + bx_base + pos[None, :] * s_bx_l + offs_p[:, None], XdT, mask=wr[None, :] & mask_p[:, None])
+
+
+@triton.jit
 def _verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
     cur_ptr, bx_ptr, bB_ptr, bdt_ptr, rd_ptr, rd_sc_ptr,
@@ -830,15 +858,15 @@ def _verify_kernel(
     s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h,
     s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
     s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
-    T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_L: tl.constexpr, HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, RD_SCALE: tl.constexpr,
-    S_PREC: tl.constexpr, BC_PREC: tl.constexpr, X_PREC: tl.constexpr, EARLY_BUF: tl.constexpr,
-    EXACT: tl.constexpr,
+    T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, TAIL_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr,
+    RD_SCALE: tl.constexpr, S_PREC: tl.constexpr, BC_PREC: tl.constexpr, X_PREC: tl.constexpr,
+    EARLY_BUF: tl.constexpr, EXACT: tl.constexpr,
 ):
-    """Outputs of T drafts for rows [pid_p*BLOCK_P, +BLOCK_P) of head h of batch row b, from
-    the read checkpoint tile (read once for all T), buffer rows 0..n-1 and the drafts
-    themselves (causally masked); writes the drafts at buffer rows n..n+T-1. No state is
-    written and the cursor does not move.
+    """Outputs of T drafts for rows [pid_p*R, +R) of head h of batch row b (R = BLOCK_P +
+    TAIL_P), from the read checkpoint tile (read once for all T), buffer rows 0..n-1 and the
+    drafts themselves (causally masked); writes the drafts at buffer rows n..n+T-1. No state
+    is written and the cursor does not move.
 
     Matrix form, targets t as columns (every dim padded to >= 16 for tl.dot):
         Y [P, T] = (S [P, N] @ C^T [N, T]) * exp(c_buf + cd_t)[None, :]
@@ -847,22 +875,29 @@ def _verify_kernel(
     with suf_i = sum_{i<j<n} dt_j A, c_buf = sum_{i<n} dt_i A and cd the drafts' inclusive
     cumulative log-decay. S C^T and the B . C Gram matrices (BC_PREC) accumulate over N in
     chunks of BLOCK_N columns whose loads feed the MMAs (the state tile is never whole in
-    registers). S_PREC: exact "bf16" for bf16 / fp8 read copies (fp8 row scales applied to Y's
-    rows after), "bf16x3" or "tf32x3" for fp32 ones (_verify_state_precision); X_PREC "split3b":
-    the fp32 weights split into three bf16 parts against the bf16 buffered x (exact products).
-    Load order: the state chunks first (their address needs only the slot), then the drafts;
-    with EARLY_BUF the buffer tiles are loaded for all BLOCK_L rows before the cursor arrives
-    and rows >= n are selected away after (never multiplied: stale rows may hold anything;
-    one dependent round trip less, up to K - n rows more read).
+    registers). The rows are one BLOCK_P tile and, with TAIL_P > 0, a second TAIL_P tile right
+    after it (both powers of 2): a head whose row count is no power of 2 (Nano's 80 = 64 +
+    16) runs in one program with no masked rows, its per-head work (the Gram matrices, W, Wd)
+    done once. S_PREC: exact "bf16" for bf16 / fp8 read copies (fp8 row scales applied to Y's
+    rows after), "bf16x2" / "bf16x3" / "tf32x3" for fp32 ones (_verify_state_precision);
+    X_PREC "split3b": the fp32 weights split into three bf16 parts against the bf16 buffered x
+    (exact products). Load order: the state chunks first (their address needs only the slot),
+    then the drafts; with EARLY_BUF the buffer tiles are loaded for all BLOCK_L rows before
+    the cursor arrives and rows >= n are selected away after (never multiplied: stale rows may
+    hold anything; one dependent round trip less, up to K - n rows more read).
     """
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = pid_p * (BLOCK_P + TAIL_P) + tl.arange(0, BLOCK_P)
     in_p = offs_p < P
     mask_p = in_p & live
+    TP: tl.constexpr = TAIL_P if TAIL_P > 0 else 16    # the tail's shape (unused without a tail)
+    offs_q = pid_p * (BLOCK_P + TAIL_P) + BLOCK_P + tl.arange(0, TP)
+    in_q = (offs_q < P) & (TAIL_P > 0)
+    mask_q = in_q & live
     ck_base = slot * s_ck_s + h * s_ck_h
     offs_t = tl.arange(0, BLOCK_T)
     mask_t = (offs_t < T) & live
@@ -876,9 +911,10 @@ def _verify_kernel(
         in_l = (offs_l < n) & live
 
     # Dots over N in chunks of BLOCK_N columns (loads feed the MMAs directly; the state tile is
-    # never in registers whole): the checkpoint term S C^T [BP, T] and the Gram matrices
-    # B_i . C_t of the buffer [L, T] and of the drafts [T, T].
+    # never in registers whole): the checkpoint term S C^T [BP, T] (and the tail's) and the Gram
+    # matrices B_i . C_t of the buffer [L, T] and of the drafts [T, T].
     Y = tl.zeros([BLOCK_P, BLOCK_T], tl.float32)
+    Yq = tl.zeros([TP, BLOCK_T], tl.float32)
     CB = tl.zeros([BLOCK_L, BLOCK_T], tl.float32)
     CdB = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
     for c0 in tl.range(0, N, BLOCK_N):
@@ -886,6 +922,9 @@ def _verify_kernel(
         in_n = offs_n < N
         S = tl.load(rd_ptr + ck_base + offs_p[:, None] * s_ck_p + offs_n[None, :],
                     mask=mask_p[:, None] & in_n[None, :], other=0.0)
+        if TAIL_P > 0:
+            Sq = tl.load(rd_ptr + ck_base + offs_q[:, None] * s_ck_p + offs_n[None, :],
+                         mask=mask_q[:, None] & in_n[None, :], other=0.0)
         CdT = tl.trans(tl.load(C_ptr + b * s_C_b + offs_t[:, None] * s_C_t + g * s_C_g + offs_n[None, :],
                                mask=mask_t[:, None] & in_n[None, :], other=0.0))                    # [BN, BT]
         Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
@@ -894,10 +933,10 @@ def _verify_kernel(
                           mask=mask_t[:, None] & in_n[None, :], other=0.0).to(tl.float32),
                    bB_ptr.dtype.element_ty, EXACT)
         Y = _mma_acc(S, CdT, Y, S_PREC, EXACT)
+        if TAIL_P > 0:
+            Yq = _mma_acc(Sq, CdT, Yq, S_PREC, EXACT)
         CB = _mma_acc(Bb, CdT, CB, BC_PREC, EXACT)
         CdB = _mma_acc(Bd, CdT, CdB, BC_PREC, EXACT)
-    if RD_SCALE:
-        Y = Y * tl.load(rd_sc_ptr + slot * s_sc_s + h * s_sc_h + offs_p, mask=mask_p, other=1.0)[:, None]
 
     # drafts' other inputs, then the buffer's dt and x
     A = tl.load(A_ptr + h).to(tl.float32)
@@ -905,17 +944,22 @@ def _verify_kernel(
     bias = tl.load(dtb_ptr + h).to(tl.float32)
     dd = softplus(tl.load(dt_ptr + b * s_dt_b + offs_t * s_dt_t + h, mask=mask_t, other=0.0).to(tl.float32) + bias)
     dd = tl.where(mask_t, dd.to(bdt_ptr.dtype.element_ty).to(tl.float32), 0.0)
-    mask_pt = mask_p[:, None] & mask_t[None, :]
     XdT = cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_p[:, None],
-                       mask=mask_pt, other=0.0).to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # [BP, BT]
+                       mask=mask_p[:, None] & mask_t[None, :], other=0.0).to(tl.float32),
+               bx_ptr.dtype.element_ty, EXACT)                                                      # [BP, BT]
     dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=in_l, other=0.0).to(tl.float32)
     XbT = tl.load(bx_ptr + bx_base + offs_l[None, :] * s_bx_l + offs_p[:, None],
                   mask=in_l[None, :] & mask_p[:, None], other=0.0)                                  # [BP, BL]
+    if TAIL_P > 0:
+        XdTq = cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_q[:, None],
+                            mask=mask_q[:, None] & mask_t[None, :], other=0.0).to(tl.float32),
+                    bx_ptr.dtype.element_ty, EXACT)
+        XbTq = tl.load(bx_ptr + bx_base + offs_l[None, :] * s_bx_l + offs_q[:, None],
+                       mask=in_l[None, :] & mask_q[:, None], other=0.0)
     if EARLY_BUF:   # rows >= n are stale: selected away (never multiplied: they may hold anything)
         n = tl.load(cur_ptr + slot, mask=live, other=0)
         mask_l = (offs_l < n) & live
         dt_i = tl.where(mask_l, dt_i, 0.0)
-        XbT = tl.where(mask_l[None, :], XbT, 0.0)
         CB = tl.where(mask_l[:, None], CB, 0.0)
     else:
         mask_l = in_l
@@ -928,21 +972,20 @@ def _verify_kernel(
     W = tl.where(mask_l[:, None], dt_i[:, None] * tl.exp(suf[:, None] + cd[None, :]), 0.0) * CB     # [BL, BT]
     causal = (offs_t[:, None] <= offs_t[None, :]) & mask_t[:, None]
     Wd = dd[:, None] * tl.exp(tl.where(causal, cd[None, :] - cd[:, None], -float("inf"))) * CdB     # [BT(j), BT(t)]
-    Y = Y * tl.exp(c_buf + cd)[None, :]
-    Y = _mma_acc(XbT, W, Y, X_PREC, EXACT)
-    Y = _mma_acc(XdT, Wd, Y, X_PREC, EXACT)
-    Y += Dh * XdT.to(tl.float32)
-    if HAS_Z:
-        Y = Y * silu(tl.load(z_ptr + b * s_z_b + offs_t[None, :] * s_z_t + h * s_z_h + offs_p[:, None],
-                              mask=mask_pt, other=0.0).to(tl.float32))
-    tl.store(y_ptr + b * s_y_b + offs_t[None, :] * s_y_t + h * s_y_h + offs_p[:, None],
-             cast(Y, y_ptr.dtype.element_ty, EXACT), mask=in_p[:, None] & (offs_t < T)[None, :])
+    decay = tl.exp(c_buf + cd)
+    _verify_tile_out(Y, offs_p, mask_p, in_p, XbT, XdT, W, Wd, decay, mask_l, Dh, n, mask_t,
+                     z_ptr, y_ptr, bx_ptr, rd_sc_ptr, b, slot, h, bx_base,
+                     s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h, s_bx_l, s_sc_s, s_sc_h, L,
+                     T, BLOCK_T, HAS_Z, RD_SCALE, X_PREC, EXACT)
+    if TAIL_P > 0:
+        _verify_tile_out(Yq, offs_q, mask_q, in_q, XbTq, XdTq, W, Wd, decay, mask_l, Dh, n, mask_t,
+                         z_ptr, y_ptr, bx_ptr, rd_sc_ptr, b, slot, h, bx_base,
+                         s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h, s_bx_l, s_sc_s, s_sc_h, L,
+                         T, BLOCK_T, HAS_Z, RD_SCALE, X_PREC, EXACT)
 
-    # append the drafts at rows n..n+T-1
+    # append the drafts' dt (once per head) and B rows (once per group) at rows n..n+T-1
     pos = n + offs_t
-    wr = mask_t & (pos < L)
-    tl.store(bx_ptr + bx_base + pos[None, :] * s_bx_l + offs_p[:, None], XdT, mask=wr[None, :] & mask_p[:, None])
-    wr = wr & (pid_p == 0)
+    wr = mask_t & (pos < L) & (pid_p == 0)
     tl.store(bdt_ptr + slot * s_bdt_s + pos * s_bdt_l + h, dd, mask=wr)
     if h % HPG == 0:   # the group's B rows (re-read: L2 hits)
         for c0 in tl.range(0, N, BLOCK_N):
@@ -1261,10 +1304,12 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 
 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
-    """([launch], y) of speculative verification; see verify. Grid (cdiv(P, BLOCK_P), H, b):
-    one [BLOCK_P, N] state tile per program, BLOCK_P from CONFIG_TABLE["verify"] (or
-    OVERRIDE["verify"]: block_p, warps, early_buf, s_prec, x_prec, chunk_n), every tile dim
-    >= 16 (tl.dot)."""
+    """([launch], y) of speculative verification; see verify. Grid (cdiv(P, R), H, b): one
+    [R, N] state tile per program, R = BLOCK_P from CONFIG_TABLE["verify"] (or
+    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n), every
+    tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
+    OVERRIDE) adds a tail tile of next_pow2(P - BLOCK_P) rows (>= 16) when BLOCK_P < P:
+    R = BLOCK_P + tail."""
     x, dt, B, C, z, A, D, dt_bias = (last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
     bsz, T, H, P = x.shape
     N, G = B.shape[-1], B.shape[2]
@@ -1274,16 +1319,17 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         return [], y
     _check_ckpts(rs.hi, rs.lo)
     rd = rs.read_ckpt
-    block_p, _, warps = launch_config("verify", P, _state_bytes(rd), bsz, H)
+    block_p, chunks, warps = launch_config("verify", P, _state_bytes(rd), bsz, H)
     ov = OVERRIDE.get("verify", {})
     block_p = max(16, min(ov.get("block_p", block_p), _np2(P)))
+    tail = max(16, _np2(P - block_p)) if ov.get("whole", chunks > 1) and P > block_p else 0
     early_buf = ov.get("early_buf", VERIFY_EARLY_BUF)
     block_l = max(16, _np2(min(rs.flush_period, L)))   # committed entries only: n <= K - 1 before a verify
     block_n = max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N)))   # state columns per MMA step
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
-    grid = (triton.cdiv(P, block_p), H, bsz)
+    grid = (triton.cdiv(P, block_p + tail), H, bsz)
     launch = _record(_verify_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx,
         rs.cursor, rs.x, rs.B, rs.dt, rd_d, rd_s,
@@ -1292,7 +1338,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
         zz.stride(0), zz.stride(1), zz.stride(2), y.stride(0), y.stride(1), y.stride(2),
         *_buffer_strides(rs), *_ckpt_strides(rs),
-        T=T, BLOCK_T=max(16, _np2(T)), BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=block_l,
+        T=T, BLOCK_T=max(16, _np2(T)), BLOCK_P=block_p, TAIL_P=tail, BLOCK_N=block_n, BLOCK_L=block_l,
         HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has,
         S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)),
         BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),

@@ -463,16 +463,39 @@ def test_verify_state_precision():
 def test_verify_commit(device, case):
     """verify T drafts -> commit a random accepted count (device tensor), interleaved with
     plain steps; the commit's flush decision is made on the device."""
-    name, mode, sd, lo, act, T = case
+    verify_commit_cycles(device, TINY, *case)
+
+
+# head dim 20 in a 16-row tile and a 16-row tail (12 rows masked), state columns in two 16-column steps
+TAILED = I.Mamba2Shape(nheads=4, head_dim=20, d_state=24, n_groups=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_verify_tail_tile(device, monkeypatch):
+    """A whole head per program as a BLOCK_P tile plus a tail tile (Nano's 80 rows = 64 + 16):
+    the plan's tiles, then verify + commit cycles against the reference."""
+    from replayssm.triton import mamba2 as tk
+    monkeypatch.setitem(tk.OVERRIDE, "verify", dict(block_p=16, whole=True, chunk_n=16))
+    rs, _ = make_pair(TAILED, 7, 7, 3, "replay", "float32", None, torch.bfloat16, gen(61))
+    inp = step_inputs(TAILED, 4, torch.bfloat16, gen(62), T=4)
+    (launch,), _ = tk.plan_verify(rs, **inp, **params(TAILED, gen(63)))
+    assert launch.grid == (1, TAILED.nheads, 4) and launch.meta["TAIL_P"] == 16
+    verify_commit_cycles(device, TAILED, "tail-f32-bf16y", "replay", "float32", None, torch.bfloat16, 4)
+    verify_commit_cycles(device, TAILED, "tail-dual-bf16", "dual", "float32", "bfloat16", torch.bfloat16, 3)
+
+
+def verify_commit_cycles(device, shape, name, mode, sd, lo, act, T):
+    """Three rounds of verify T drafts -> commit random accepted counts, a plain step between
+    the first two, each checked against the reference (outputs, drafts in the buffer, state)."""
     K, L = 3, 3 + T
     g = gen(60)
-    rs, rr = make_pair(TINY, 7, L, K, mode, sd, lo, act, g)
-    p = params(TINY, g)
+    rs, rr = make_pair(shape, 7, L, K, mode, sd, lo, act, g)
+    p = params(shape, g)
     idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
     for cycle in range(3):
         if cycle == 1:   # a plain step between speculative rounds
-            run_steps(rs, rr, TINY, idx, 1, act, g, what=f"{name} plain")
-        inp = step_inputs(TINY, 4, act, g, T=T)
+            run_steps(rs, rr, shape, idx, 1, act, g, what=f"{name} plain")
+        inp = step_inputs(shape, 4, act, g, T=T)
         out = poisoned(inp["x"])
         y = M.verify(rs, **inp, **p, state_indices=idx, out=out)
         yr = R.mamba2_verify(rr, **inp, **p, state_indices=idx)
