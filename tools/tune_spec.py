@@ -19,12 +19,12 @@ In order (no new measurement starts after --deadline seconds; rows print as they
   3. cases in priority order:
        p0  T = 4, batch 256 (--batch), fp32 state: Super, Qwen3.5-122B, Nano, Qwen3.5-4B
            (the two big models first, so a short run still covers both families);
-       p1  dual bf16 (fp32 checkpoint + bf16 read copy) at Super and Qwen3.5-122B, batch 256 (--batch),
+       p1  dual bf16 (fp32 checkpoint + bf16 read copy) at Super, Qwen3.5-122B and Nano, batch 256 (--batch),
            T = 4, the variants without their state-tile precision (s_prec / S_PREC: the
            read copy is bf16, its exact MMA is "bf16"; equal ones once), method
            spec-replay-dual; the baselines of the fp32 case at the same model, batch and T are
            the ratios' denominators;
-       p2  T = 4, batch 32, fp32 state: Super and Qwen3.5-122B.
+       p2  T = 4, batch 32, fp32 state: Super, Qwen3.5-122B and Nano.
      Per case: spec-perdraft, vllm-spec, then the variants. K = 16, L = K + T and the default
      acceptance (fixed floor(T/2)) as scenarios/h200-spec.toml.
 One row per measurement: model, batch, T, state, method, variant, the launch it resolved to,
@@ -81,29 +81,31 @@ STUDY = ("super", "q122b", "nano", "q4b")     # --models (the smoke run takes tm
 
 # ----------------------------------------------------------------------------- variants
 # OVERRIDE["verify"] of replayssm.triton.mamba2: block_p (rows per program, power of 2 >= 16,
-# clamped to the head), warps, early_buf (buffer tiles loaded before the cursor arrives),
-# s_prec (tl.dot precision of the fp32 state tile: "bf16x3", "tf32x3", "split3"), chunk_n
+# clamped to the head), whole (True: the head in one program, a tail tile after block_p rows;
+# False: block_p-row programs; unset: the table's), warps, early_buf (buffer tiles loaded before the cursor arrives),
+# s_prec (tl.dot precision of the fp32 state tile: "bf16x2", "bf16x3", "tf32x3", "split3"), chunk_n
 # (state columns per MMA step), x_prec; a "fold" key goes to OVERRIDE["fold"] (block_p,
 # chunks, warps) of the commit's fold. Keys plan_verify does not read do nothing.
 MAMBA2_VARIANTS: dict[str, dict] = {
     "default": {},
-    "b32w2-tf32x3": dict(block_p=32, warps=2, s_prec="tf32x3"),
-    "b64w2": dict(block_p=64, warps=2),
-    "b16w1": dict(block_p=16, warps=1),
-    "b32w2-late": dict(block_p=32, warps=2, early_buf=False),
-    "b32w2-fold1": dict(block_p=32, warps=2, fold=dict(chunks=1)),
+    "b32w2-tf32x3": dict(block_p=32, warps=2, s_prec="tf32x3", whole=False),
+    "b64w2": dict(block_p=64, warps=2, whole=False),
+    "b32w2": dict(block_p=32, warps=2, whole=False),     # Nano: session 10's tiles (rows 80-95 masked)
+    "b16w1": dict(block_p=16, warps=1, whole=False),
+    "b32w2-late": dict(block_p=32, warps=2, early_buf=False, whole=False),
+    "b32w2-fold1": dict(block_p=32, warps=2, whole=False, fold=dict(chunks=1)),
     # Nano (80-row heads): one program per head (rows past 80 masked) instead of three
-    "b128w4": dict(block_p=128, warps=4),
-    "b128w2": dict(block_p=128, warps=2),
+    "b128w4": dict(block_p=128, warps=4, whole=False),
+    "b128w2": dict(block_p=128, warps=2, whole=False),
     # fp32 state x C in two tf32 passes of a truncation split (mma.py "tf32x2t") instead of bf16x3
     # (Super: 154 registers, no spill, vs 128 + 8 bytes of stack)
     "s-t2": dict(s_prec="tf32x2t"),
     # session 11: the default became "bf16x2" (two bf16 passes against the bf16 C); Triton's
     # "bf16x3" (session 10's default: a third pass against C's zero low part) beside it
     "s-b3": dict(s_prec="bf16x3"),
-    "b32w2-n64": dict(block_p=32, warps=2, chunk_n=64),
-    "b32w2-n16": dict(block_p=32, warps=2, chunk_n=16),
-    "b16w1-n64": dict(block_p=16, warps=1, chunk_n=64),
+    "b32w2-n64": dict(block_p=32, warps=2, chunk_n=64, whole=False),
+    "b32w2-n16": dict(block_p=32, warps=2, chunk_n=16, whole=False),
+    "b16w1-n64": dict(block_p=16, warps=1, chunk_n=64, whole=False),
     # a whole head per program as a 64-row tile and a tail tile (Nano: 64 + 16 rows, none masked;
     # the Gram matrices and weights once per head, not once per 32-row tile)
     "whole": dict(block_p=64, warps=2, whole=True),
@@ -179,6 +181,10 @@ GDN_VARIANTS: dict[str, dict] = {
     "bv64w2": dict(BLOCK_V=64, num_warps=2),
     "commit-v32w4-nr4": {"fold": dict(F_BLOCK_V=32, F_num_warps=4, F_NR=4)},
     "commit-v16w2-nr4": {"fold": dict(F_BLOCK_V=16, F_num_warps=2, F_NR=4)},
+    "commit-v16w2-nr2": {"fold": dict(F_BLOCK_V=16, F_num_warps=2, F_NR=2)},
+    "commit-v16w2-nr1": {"fold": dict(F_BLOCK_V=16, F_num_warps=2, F_NR=1)},
+    "bv128w2-r200": dict(maxnreg=200),
+    "bv128w2-r168": dict(maxnreg=168),
     # the dual commit (u recomputed against the high copy; the table's is the two-pass kernel since
     # session 10): the rank-1 fold kernel's tiles (fp8 low copies), the flush step's rank-1 path
     # (FOLD_MMA off) over the listed rows (the dfold variants route fp32 commits to the fold kernel too)
@@ -312,8 +318,8 @@ def plan(args) -> list[dict]:
             raise SystemExit(f"--variants: unknown {', '.join(unknown)}; allowed: "
                              f"{', '.join(sorted(set(MAMBA2_VARIANTS) | set(GDN_VARIANTS)))}")
     out = [g(0, k, args.batch, "none", True, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
-    out += [g(1, k, args.batch, "bfloat16", False, keep) for k in ("super", "q122b") if k in names]
-    out += [g(2, k, 32, "none", True, keep) for k in ("super", "q122b") if k in names]
+    out += [g(1, k, args.batch, "bfloat16", False, keep) for k in ("super", "q122b", "nano") if k in names]
+    out += [g(2, k, 32, "none", True, keep) for k in ("super", "q122b", "nano") if k in names]
     return out
 
 

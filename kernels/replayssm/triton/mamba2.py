@@ -80,9 +80,12 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     ("fold",   1, "small"): (16, 1, 4),
     ("fold",   1, "large"): (16, 0, 4),
     # verify: 16-32 rows per warp (the MMA's M); 4-8 warps per program ran at a third of the rate
-    # (tools/tune_spec.py, H200, T 4, b256: Super 64x2w 487 us, 32x2w 557, 16x4w 2110; Nano 32x2w 582)
+    # (tools/tune_spec.py, H200, T 4, b256: Super 64x2w 487 us, 32x2w 557, 16x4w 2110; Nano 32x2w 582).
+    # Heads of 64k + r rows (Nano: 80): the whole head per program (CHUNKS 0: a 64-row tile and a
+    # tail tile, plan_verify): round 465 us vs 628 in 32-row tiles, 567 in two 64-row tiles, 565
+    # in one 128-row tile (Nano b256 fp32, bf16x2; tune_spec_s11b.txt)
     ("verify", 4, "small"): [(64, 1, 2, 64), (32, 1, 2)],
-    ("verify", 4, "large"): [(64, 1, 2, 64), (32, 1, 2)],
+    ("verify", 4, "large"): [(64, 1, 2, 64), (64, 0, 2)],
     ("verify", 2, "small"): [(64, 1, 2, 64), (32, 1, 2)],
     ("verify", 2, "large"): [(64, 1, 2, 64), (32, 1, 2)],   # dual bf16 Super: 385 us (32x2w 483)
     ("verify", 1, "small"): [(64, 1, 2, 64), (32, 1, 2)],
