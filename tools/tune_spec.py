@@ -19,7 +19,7 @@ In order (no new measurement starts after --deadline seconds; rows print as they
   3. cases in priority order:
        p0  T = 4, batch 256 (--batch), fp32 state: Super, Qwen3.5-122B, Nano, Qwen3.5-4B
            (the two big models first, so a short run still covers both families);
-       p1  dual bf16 (fp32 checkpoint + bf16 read copy) at Super, Qwen3.5-122B and Nano, batch 256 (--batch),
+       p1  dual bf16 (fp32 checkpoint + bf16 read copy), the same models, batch 256 (--batch),
            T = 4, the variants without their state-tile precision (s_prec / S_PREC: the
            read copy is bf16, its exact MMA is "bf16"; equal ones once), method
            spec-replay-dual; the baselines of the fp32 case at the same model, batch and T are
@@ -318,7 +318,7 @@ def plan(args) -> list[dict]:
             raise SystemExit(f"--variants: unknown {', '.join(unknown)}; allowed: "
                              f"{', '.join(sorted(set(MAMBA2_VARIANTS) | set(GDN_VARIANTS)))}")
     out = [g(0, k, args.batch, "none", True, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
-    out += [g(1, k, args.batch, "bfloat16", False, keep) for k in ("super", "q122b", "nano") if k in names]
+    out += [g(1, k, args.batch, "bfloat16", False, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
     out += [g(2, k, 32, "none", True, keep) for k in ("super", "q122b", "nano") if k in names]
     return out
 

@@ -106,9 +106,12 @@ CONFIGS: dict[str, list[tuple]] = {
     # the batch in every program; FOLD_SPLIT 540 vs 546 ("tf32x3"); then 16 rows x 2 warps x 8 chunks
     # 528 (126 registers; 32 x 4 x 4: 205-216), Qwen3.5-4B b256 281 vs 283, but Qwen3.5-122B b32
     # 85.1 vs 80.6, hence the split at batch 64 (tune_spec_s10a.txt). The rank-1 fold kernel
-    # (COMMIT_FOLD): 708 / 371 / 103 us.
+    # (COMMIT_FOLD): 708 / 371 / 103 us. At batch 128, 4 chunks per program (half a head): Qwen3.5-4B
+    # 139.6 vs 142.1 us, Qwen3.5-122B 248.7 vs 252.8, twice (tune_spec_s11c.txt, _s11d.txt).
     "commit":   [(64, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                               "FOLD_SPLIT": True}),
+                 (128, 16, 2, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
+                               "FOLD_SPLIT": True}),
                  (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                                 "FOLD_SPLIT": True})],
     # Dual states: the two-pass kernel (_gdn_dual_2pass_kernel), a whole head per program on 4
