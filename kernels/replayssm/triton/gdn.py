@@ -129,6 +129,12 @@ CONFIGS: dict[str, list[tuple]] = {
     # Qwen3.5-122B b32 76.2 vs 80.6; dual bf16 Qwen3.5-122B b256 637 vs 686. WIDE_BLOCK_V: rows
     # per program when T > 8 (32 packed draft columns): 128 rows spill ~500 bytes on sm_90, 64 rows 8-16
     "verify":   [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64})],
+    # 16-bit read copies (dual fp32 + bf16): the same tile under a 168-register budget while the
+    # packed drafts fit 16 columns (T <= 8; NARROW_MAXNREG): 3 programs per SM on 2 warps, not 2 at
+    # ptxas's 190. T4 round Qwen3.5-122B b256 506 vs 558 us, b128 263 vs 289, Qwen3.5-4B b256 269 vs
+    # 295 (tune_spec_s11d.txt, _s11h.txt); fp32 reads lose with it (530 vs 478 us, b256). sm_90
+    # spills under it: none at T 4, 4-12 bytes at T 2, 6, 8; 596 at T 12 (hence not above T 8)
+    "verify:2": [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64, "NARROW_MAXNREG": 168})],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
@@ -1578,10 +1584,12 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     if T > 16:
         raise ValueError(f"draft window {T} > 16 is not supported by the verify kernel")
     ov = {**OVERRIDE.get("verify", {}), **(config or {})}
-    cfg = pick_config("verify", batch, dv, dk, L, ov)
+    cfg = pick_config("verify", batch, dv, dk, L, ov, state_bytes=rs.read_ckpt.data.element_size())
     block_p = max(16, triton.next_power_of_2(2 * T))
     if block_p > 16 and "WIDE_BLOCK_V" in cfg and "BLOCK_V" not in ov:
         cfg["BLOCK_V"] = min(cfg["BLOCK_V"], cfg["WIDE_BLOCK_V"])
+    if block_p == 16 and "NARROW_MAXNREG" in cfg:
+        cfg.setdefault("maxnreg", cfg["NARROW_MAXNREG"])
     cfg["BLOCK_V"] = max(16, cfg["BLOCK_V"])                    # tl.dot needs every dim >= 16
     cfg["BLOCK_K"] = max(16, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
     _check_rs(rs, triton.cdiv(dv, cfg["BLOCK_V"]) * Hv)
