@@ -129,12 +129,12 @@ CONFIGS: dict[str, list[tuple]] = {
     # Qwen3.5-122B b32 76.2 vs 80.6; dual bf16 Qwen3.5-122B b256 637 vs 686. WIDE_BLOCK_V: rows
     # per program when T > 8 (32 packed draft columns): 128 rows spill ~500 bytes on sm_90, 64 rows 8-16
     "verify":   [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64})],
-    # 16-bit read copies (dual fp32 + bf16): the same tile under a 168-register budget while the
-    # packed drafts fit 16 columns (T <= 8; NARROW_MAXNREG): 3 programs per SM on 2 warps, not 2 at
-    # ptxas's 190. T4 round Qwen3.5-122B b256 506 vs 558 us, b128 263 vs 289, Qwen3.5-4B b256 269 vs
-    # 295 (tune_spec_s11d.txt, _s11h.txt); fp32 reads lose with it (530 vs 478 us, b256). sm_90
-    # spills under it: none at T 4, 4-12 bytes at T 2, 6, 8; 596 at T 12 (hence not above T 8)
-    "verify:2": [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64, "NARROW_MAXNREG": 168})],
+    # 16-bit read copies (dual fp32 + bf16): the same tile, at T 4 under a 168-register budget
+    # (MAXNREG_T: {T: budget}): 6 programs per SM on 2 warps, not 5 at ptxas's 190. T4 round
+    # Qwen3.5-122B b256 506 vs 558 us, b128 263 vs 289, Qwen3.5-4B b256 269 vs 295 (tune_spec_s11d.txt,
+    # _s11h.txt); fp32 reads lose with it (530 vs 478 us, b256). Only T 4 (and 1) compile under it
+    # without spilling on sm_90 (T 2, 3, 5-8: 4-16 bytes; not timed), hence T 4 only
+    "verify:2": [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64, "MAXNREG_T": {4: 168}})],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
@@ -1588,8 +1588,8 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     block_p = max(16, triton.next_power_of_2(2 * T))
     if block_p > 16 and "WIDE_BLOCK_V" in cfg and "BLOCK_V" not in ov:
         cfg["BLOCK_V"] = min(cfg["BLOCK_V"], cfg["WIDE_BLOCK_V"])
-    if block_p == 16 and "NARROW_MAXNREG" in cfg:
-        cfg.setdefault("maxnreg", cfg["NARROW_MAXNREG"])
+    if T in cfg.get("MAXNREG_T", {}):
+        cfg.setdefault("maxnreg", cfg["MAXNREG_T"][T])
     cfg["BLOCK_V"] = max(16, cfg["BLOCK_V"])                    # tl.dot needs every dim >= 16
     cfg["BLOCK_K"] = max(16, min(cfg.get("CHUNK_K", VERIFY_CHUNK_K), cfg["BLOCK_K"]))   # dk per MMA step
     _check_rs(rs, triton.cdiv(dv, cfg["BLOCK_V"]) * Hv)
