@@ -82,10 +82,11 @@ STUDY = ("super", "q122b", "nano", "q4b")     # --models (the smoke run takes tm
 # ----------------------------------------------------------------------------- variants
 # OVERRIDE["verify"] of replayssm.triton.mamba2: block_p (rows per program, power of 2 >= 16,
 # clamped to the head), whole (True: the head in one program, a tail tile after block_p rows;
-# False: block_p-row programs; unset: the table's), warps, early_buf (buffer tiles loaded before the cursor arrives),
-# s_prec (tl.dot precision of the fp32 state tile: "bf16x2", "bf16x3", "tf32x3", "split3"), chunk_n
-# (state columns per MMA step), x_prec; a "fold" key goes to OVERRIDE["fold"] (block_p,
-# chunks, warps) of the commit's fold. Keys plan_verify does not read do nothing.
+# False: block_p-row programs; unset: the table's), warps, early_buf (buffer tiles loaded
+# before the cursor arrives), s_prec (tl.dot precision of the fp32 state tile: "bf16x2",
+# "bf16x3", "tf32x3", "split3"), chunk_n (state columns per MMA step), x_prec; a "fold" key
+# goes to OVERRIDE["fold"] (block_p, chunks, warps) of the commit's fold. Keys plan_verify
+# does not read do nothing.
 MAMBA2_VARIANTS: dict[str, dict] = {
     "default": {},
     "b32w2-tf32x3": dict(block_p=32, warps=2, s_prec="tf32x3", whole=False),
@@ -177,7 +178,7 @@ GDN_VARIANTS: dict[str, dict] = {
     "bv128w4-k16": dict(BLOCK_V=128, num_warps=4, CHUNK_K=16),
     "bv128w1-k16": dict(BLOCK_V=128, num_warps=1, CHUNK_K=16),
     # session 11, batch 128 (Qwen3.5-4B's 3x miss): session 9's 64-row tile, the commit's
-    # batch <= 64 row above 64
+    # tiles (fp32 commits; in dual cases the F_ keys resize the two-pass kernel instead)
     "bv64w2": dict(BLOCK_V=64, num_warps=2),
     "commit-v32w4-nr4": {"fold": dict(F_BLOCK_V=32, F_num_warps=4, F_NR=4)},
     "commit-v16w2-nr4": {"fold": dict(F_BLOCK_V=16, F_num_warps=2, F_NR=4)},

@@ -1300,8 +1300,9 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
     """Precision of the verify MMA state tile x C. An fp32 tile feeding bf16 / fp16 outputs
     takes a bf16 split (~2^-16 per product, 128x below the output's own rounding): "bf16x2"
     (two passes) when C is exact in bf16, else Triton's "bf16x3" (three; 10-17 % faster than
-    "tf32x3" on the H200; against a bf16 C its third pass adds zeros); fp32 outputs keep VERIFY_F32_PRECISION. Only y depends on this
-    product (the buffer keeps the inputs), so nothing of its error reaches a checkpoint."""
+    "tf32x3" on the H200; against a bf16 C its third pass adds zeros). fp32 outputs keep
+    VERIFY_F32_PRECISION. Only y depends on this product (the buffer keeps the inputs), so
+    nothing of its error reaches a checkpoint."""
     p = mma_precision(rd, c, VERIFY_F32_PRECISION)
     if p == VERIFY_F32_PRECISION and y in (torch.bfloat16, torch.float16):
         return "bf16x2" if c in (torch.bfloat16, torch.float8_e4m3fn) else "bf16x3"

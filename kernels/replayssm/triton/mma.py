@@ -13,8 +13,8 @@ b with b exact in tf32 (bf16 / fp16 / fp8 values: the drafts' keys and queries, 
 two passes, ~2^-20 per product; "tf32x3t" when both are fp32: hi*hi + hi*lo + lo*hi, ~2^-20.
 Triton's "bf16x3" likewise makes its third pass (a_hi * b_lo) even when b is bf16; "bf16x2"
 drops it: a = hi + lo, both rounded to bf16 (hi = bf16(a), lo = bf16(a - hi)), two bf16 MMAs
-against b exact in bf16 (bf16 / fp8 values), ~2^-16 per product (the rounding of lo), half
-the tensor-core passes of "tf32x2t".
+against b exact in bf16 (bf16 / fp8 values), ~2^-16 per product (the rounding of lo); a bf16
+MMA runs at twice the tf32 rate, so it costs half of "tf32x2t"'s two passes.
 Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
 precisions, every tl.dot product runs in fp32 ("ieee"); the truncation splits run as written
 there (their tf32 dots in fp32), so the CPU tests check their algebra, the GPU tests their error.

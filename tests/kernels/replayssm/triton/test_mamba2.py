@@ -677,6 +677,8 @@ plans = {
     "commit dual bf16": tk.plan_commit(rs("dual", "bfloat16", K=16, L=20), p["A"], acc, idx),
     "verify T4 fp32 (64 + 16 rows)": tk.plan_verify(rs("replay", K=16, L=20), **inp(torch.bfloat16, T=4), **p,
                                                      state_indices=idx)[0],
+    "verify T4 dual bf16 (64 + 16 rows)": tk.plan_verify(rs("dual", "bfloat16", K=16, L=20),
+                                                         **inp(torch.bfloat16, T=4), **p, state_indices=idx)[0],
     "verify T4 dual fp8": tk.plan_verify(rs("dual", "float8_e4m3", K=16, L=20), **inp(torch.bfloat16, T=4), **p,
                                          state_indices=idx)[0],
 }
@@ -710,10 +712,19 @@ print(json.dumps(out))
 """
 
 
+# Launches timed fastest as they compile, spills included (bytes of spill stores / loads allowed).
+# Nano's dual bf16 whole-head verify: ptxas holds it to 128 registers with a 12-byte spill
+# (8 programs per SM); under a 160-register budget it compiles without one (6 per SM), not
+# yet timed. Measured as shipped: 364 us round vs 453-497 for the spill-free tiles
+# (results/device-logs-20261130-s11/tune_spec_s11g.txt).
+SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12}
+
+
 def test_compiles_for_sm90():
     """Every kernel compiles for sm_90 at real dims (Triton's LLVM + bundled ptxas, no GPU)
-    with the launch table's configs: no register spills, and at least 4 programs fit on an SM
-    (65536 registers, 2048 threads), which the tuned configs were measured with."""
+    with the launch table's configs: no register spills (but those of SPILL_ALLOWED), and at
+    least 4 programs fit on an SM (65536 registers, 2048 threads), which the tuned configs were
+    measured with."""
     import json
     import os
     import subprocess
@@ -728,7 +739,8 @@ def test_compiles_for_sm90():
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
     for name, r in report.items():
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{name} spills: {r}"
+        allowed = SPILL_ALLOWED.get(name.split(":")[0], 0)
+        assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed, f"{name} spills: {r}"
         assert r["regs"] is not None, name
         threads = 32 * r["warps"]
         assert min(2048 // threads, 65536 // (threads * r["regs"])) >= 4, f"{name}: {r}"

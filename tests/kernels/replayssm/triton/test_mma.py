@@ -1,8 +1,8 @@
 """The verify kernels' matrix-product helpers (replayssm.triton.mma) against fp64 products:
 the truncation splits "tf32x2t" (one fp32 operand, the other exact in tf32) and "tf32x3t"
 (both fp32), the two-pass bf16 split "bf16x2" (the other operand exact in bf16), beside
-Triton's "tf32x3". Under the CPU interpreter their tf32 dots run in fp32,
-so this checks the split algebra; on a GPU it checks the error bound of the tensor cores."""
+Triton's "tf32x3". Under the CPU interpreter their dots run in fp32, so this checks the split
+algebra; on a GPU it checks the error bound of the tensor cores."""
 from __future__ import annotations
 
 import pytest
