@@ -85,8 +85,8 @@ STUDY = ("super", "q122b", "nano", "q4b")     # --models (the smoke run takes tm
 # False: block_p-row programs; unset: the table's), warps, early_buf (buffer tiles loaded
 # before the cursor arrives), s_prec (tl.dot precision of the fp32 state tile: "bf16x2",
 # "bf16x3", "tf32x3", "split3"), chunk_n (state columns per MMA step), x_prec; a "fold" key
-# goes to OVERRIDE["fold"] (block_p, chunks, warps) of the commit's fold. Keys plan_verify
-# does not read do nothing.
+# goes to OVERRIDE["fold"] (block_p, chunks, warps) of the commit's fold; maxnreg (ptxas's
+# register cap). Keys plan_verify does not read do nothing.
 MAMBA2_VARIANTS: dict[str, dict] = {
     "default": {},
     "b32w2-tf32x3": dict(block_p=32, warps=2, s_prec="tf32x3", whole=False),
@@ -114,6 +114,12 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     "whole-n16": dict(block_p=64, warps=2, whole=True, chunk_n=16),
     "whole-w4-n16": dict(block_p=64, warps=4, whole=True, chunk_n=16),
     "whole-b3": dict(block_p=64, warps=2, whole=True, s_prec="bf16x3"),
+    # prepared in session 11, not yet timed: Nano's dual bf16 whole-head verify compiles to 128
+    # registers with a 12-byte spill (ptxas's choice), spill-free at 160 (6 programs per SM, not 8);
+    # the commit's fold at batch 128 in one 16-row chunk per program (more, shorter programs: GDN's
+    # commit gained from half-head programs at batch 128)
+    "whole-r160": dict(maxnreg=160),
+    "fold-c1": dict(fold=dict(chunks=1)),
     # the commit's fold (session 10; the table: 16 rows x 4 warps, the whole head per program)
     "fold-w2": dict(fold=dict(warps=2)),
     "fold-w1": dict(fold=dict(warps=1)),
@@ -371,7 +377,8 @@ def launch_desc(case, model) -> str:
         m = la.meta
         return (f"P{m['BLOCK_P']}{'+' + str(m['TAIL_P']) if m.get('TAIL_P') else ''} n{m['BLOCK_N']}"
                 f" w{m['num_warps']} {m['S_PREC']}"
-                f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}")
+                f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}"
+                f"{' r' + str(m['maxnreg']) if m.get('maxnreg') else ''}")
     gk = _module("gdn")
     rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
                                  mode, "float32", lo, torch.bfloat16, "meta")
@@ -454,7 +461,7 @@ COLUMNS = ["model", "model_full", "op", "batch", "T", "state", "method", "varian
            "samples", "layers", "gbps", "pct_copy", "x_perdraft", "x_vllm", "bytes_model", "bytes_counted",
            "counted_vs_model", "check_rel_err", "verified_tok_s", "committed_tok_s", "copy_gbps", "elapsed_s",
            "error"]
-HEADER = (f"{'model':6} {'batch':>5} {'T':>2} {'state':9} {'method':13} {'variant':15} {'launch':34} "
+HEADER = (f"{'model':6} {'batch':>5} {'T':>2} {'state':9} {'method':13} {'variant':15} {'launch':44} "
           f"{'us':>9} {'GB/s':>7} {'%copy':>6} {'xPD':>6} {'xvLLM':>6} {'iqr%':>5} {'lay':>4} {'n':>4}")
 
 
@@ -472,7 +479,7 @@ def _n(v, width: int, prec: int | None = None) -> str:
 def fmt(r) -> str:
     iqr = 100 * r["iqr_us"] / r["us"] if r.get("iqr_us") is not None and r["us"] else None
     return (f"{r['model']:6} {r['batch']:5d} {r['T']:2d} {r['state']:9} {r['method']:13} {r['variant']:15} "
-            f"{r['launch'][:34]:34} {_n(r['us'], 9, 2)} {_n(r['gbps'], 7, 0)} {_n(r['pct_copy'], 6, 1)} "
+            f"{r['launch'][:44]:44} {_n(r['us'], 9, 2)} {_n(r['gbps'], 7, 0)} {_n(r['pct_copy'], 6, 1)} "
             f"{_n(r['x_perdraft'], 6, 3)} {_n(r['x_vllm'], 6, 3)} {_n(iqr, 5, 1)} {_n(r['layers'], 4)} "
             f"{_n(r['samples'], 4)}")
 

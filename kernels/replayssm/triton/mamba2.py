@@ -1312,7 +1312,7 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
     """([launch], y) of speculative verification; see verify. Grid (cdiv(P, R), H, b): one
     [R, N] state tile per program, R = BLOCK_P from CONFIG_TABLE["verify"] (or
-    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n), every
+    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n, maxnreg), every
     tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
     OVERRIDE) adds a tail tile of next_pow2(P - BLOCK_P) rows (>= 16) when BLOCK_P < P:
     R = BLOCK_P + tail."""
@@ -1349,7 +1349,8 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)),
         BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
-        EARLY_BUF=bool(early_buf), EXACT=_interpreting(), num_warps=ov.get("warps", warps))
+        EARLY_BUF=bool(early_buf), EXACT=_interpreting(), num_warps=ov.get("warps", warps),
+        **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {}))
     return [launch], y
 
 
