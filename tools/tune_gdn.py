@@ -313,8 +313,8 @@ FLUSH_B32 = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4, F
 DUAL_SMALL = [rcfg(8, 1, prefetch=True), rcfg(32, 4, 2, 2, 2, 2, True, True, F_NR=1, F_BLOCK_V=16, F_num_warps=2),
               ROUTE(4, 1), ROUTE(8, 1), ROUTE(8, 2), ROUTE(16, 1)]
 # The two-pass dual kernel (_gdn_dual_2pass_kernel, the commit's since session 10) as the b256 flush
-# step (TUNE_MODES flush-dual-2pass; not yet timed), beside the shipped row (16 rows x 2 warps x 8
-# chunks, the triangular solve per chunk chain). sm_90 registers, Qwen3.5-122B dims: 128 rows x 4
+# step (TUNE_MODES flush-dual-2pass; session 11: 3 % faster, the high copy's error 50x, so not the
+# default), beside the shipped row (16 rows x 2 warps x 8 chunks, the triangular solve per chunk chain). sm_90 registers, Qwen3.5-122B dims: 128 rows x 4
 # warps 255 (16- or 32-column steps), 64 x 4 190, 128 x 8 244; no spills.
 _2P = dict(F_TWO_PASS=True)
 DUAL_2PASS = [rcfg(**_OUT_BIG, **f) for f in (

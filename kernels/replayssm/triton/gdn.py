@@ -96,8 +96,9 @@ CONFIGS: dict[str, list[tuple]] = {
     # batch <= 64 (few rows flush per step): one 16-row chunk per program. Qwen3.5-122B b8 / b16 /
     # b32: 18.9 / 33.2 / 57.6 us vs 28.9 / 52.9 / 70.0 (NR 8) and 21.2 / 37.9 / 73.8 rank-1;
     # Qwen3.5-4B b32 33.4 vs 53.9 / 41.7 (tune_gdn_flush_dual_small.txt, _b32.txt; b64-128 untimed)
-    # TWO_PASS (opt-in, F_TWO_PASS; not yet timed as a flush step): _gdn_dual_2pass_kernel, the
-    # dual commit's kernel, over the step's flushing rows (tools/tune_gdn.py flush-dual-2pass)
+    # TWO_PASS (opt-in, F_TWO_PASS): _gdn_dual_2pass_kernel, the dual commit's kernel, over the
+    # step's flushing rows. Qwen3.5-122B b256 step 284.5 vs 292.9 us, but the high copy's error
+    # 1.2e-5 vs 2.5e-7 (tools/tune_gdn.py flush-dual-2pass, tune_gdn_2pass.txt): not the default
     "flush_step_dual": [(64, 16, 2, dict(_DUAL_FLUSH, NR=1)), (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
     # the speculative commit (plan_commit), fp32 states: the flush step's fold over up to K + T - 1
     # entries (32-entry tiles at T <= 16), a whole head per program, over the rows the cursor launch
@@ -1467,7 +1468,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
         fc = _flush_step_row(rs, batch, "flush_step", config)
-        if fc.get("TWO_PASS") and _dual_2pass_fits(rs):     # opt-in (F_TWO_PASS) until timed on a GPU
+        if fc.get("TWO_PASS") and _dual_2pass_fits(rs):     # opt-in (F_TWO_PASS; see CONFIGS)
             plans.append(_plan_dual_2pass(rs, q, o, idx, nxt, batch, scale, fc, 1, write_o=True, compact=False))
         else:
             plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, fc, rows_per=1))
@@ -1603,10 +1604,16 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                         S_PREC=cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype),
                         K_PREC=_f32_precision(rs.k.dtype, k.dtype), EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
                         SMALL_PREC=cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32)))
-    for opt in ("num_stages", "maxnreg"):   # dk-loop pipelining depth, register budget (else Triton's / ptxas's)
+    _launch_options(meta, cfg)
+    return _gdn_verify_kernel, (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch), args, meta
+
+
+def _launch_options(meta: dict, cfg: dict) -> None:
+    """meta's num_stages (loop pipelining depth) and maxnreg (register budget) where the row or
+    config sets them (else Triton's / ptxas's choice)."""
+    for opt in ("num_stages", "maxnreg"):
         if opt in cfg:
             meta[opt] = int(cfg[opt])
-    return _gdn_verify_kernel, (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch), args, meta
 
 
 def _launch(plan) -> None:
@@ -1674,13 +1681,13 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
             dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
-    if two_pass:
-        # no output: the buffers stand in for q and o (unread)
-        return [snap, _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True)]
     # no output: the buffers stand in for q and o (unread)
-    step = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T, write_o=False,
-                            compact=compact)
-    return [snap, step]
+    if two_pass:
+        fold = _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True)
+    else:
+        fold = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T,
+                                write_o=False, compact=compact)
+    return [snap, fold]
 
 
 def _dual_2pass_fits(rs: GDNReplayState) -> bool:
@@ -1712,9 +1719,7 @@ def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: 
                 SMALL_PREC=split_precision(torch.float32, torch.float32),
                 FOLD_PREC=split_precision(torch.float32, rs.k.dtype),
                 INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
-    for opt in ("num_stages", "maxnreg"):
-        if opt in fc:
-            meta[opt] = int(fc[opt])
+    _launch_options(meta, fc)
     return _gdn_dual_2pass_kernel, grid, args, meta
 
 

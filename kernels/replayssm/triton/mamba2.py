@@ -827,6 +827,19 @@ def _mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
+def _verify_tile_x(x_ptr, bx_ptr, b, h, bx_base, offs_p, mask_p, offs_t, mask_t, offs_l, in_l,
+                   s_x_b, s_x_t, s_x_h, s_bx_l, EXACT: tl.constexpr):
+    """A row tile's draft inputs XdT [R, BT] (rounded to the buffer's dtype, as appended) and
+    buffered inputs XbT [R, BL] (rows in_l; rows >= n masked later by _verify_tile_out)."""
+    XdT = cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_p[:, None],
+                       mask=mask_p[:, None] & mask_t[None, :], other=0.0).to(tl.float32),
+               bx_ptr.dtype.element_ty, EXACT)
+    XbT = tl.load(bx_ptr + bx_base + offs_l[None, :] * s_bx_l + offs_p[:, None],
+                  mask=in_l[None, :] & mask_p[:, None], other=0.0)
+    return XdT, XbT
+
+
+@triton.jit
 def _verify_tile_out(Y, offs_p, mask_p, in_p, XbT, XdT, W, Wd, decay, mask_l, Dh, n, mask_t,
                      z_ptr, y_ptr, bx_ptr, rd_sc_ptr, b, slot, h, bx_base,
                      s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h, s_bx_l, s_sc_s, s_sc_h, L,
@@ -901,7 +914,7 @@ def _verify_kernel(
     mask_p = in_p & live
     TP: tl.constexpr = TAIL_P if TAIL_P > 0 else 16    # the tail's shape (unused without a tail)
     offs_q = pid_p * (BLOCK_P + TAIL_P) + BLOCK_P + tl.arange(0, TP)
-    in_q = (offs_q < P) & (TAIL_P > 0)
+    in_q = offs_q < P
     mask_q = in_q & live
     ck_base = slot * s_ck_s + h * s_ck_h
     offs_t = tl.arange(0, BLOCK_T)
@@ -949,18 +962,12 @@ def _verify_kernel(
     bias = tl.load(dtb_ptr + h).to(tl.float32)
     dd = softplus(tl.load(dt_ptr + b * s_dt_b + offs_t * s_dt_t + h, mask=mask_t, other=0.0).to(tl.float32) + bias)
     dd = tl.where(mask_t, dd.to(bdt_ptr.dtype.element_ty).to(tl.float32), 0.0)
-    XdT = cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_p[:, None],
-                       mask=mask_p[:, None] & mask_t[None, :], other=0.0).to(tl.float32),
-               bx_ptr.dtype.element_ty, EXACT)                                                      # [BP, BT]
+    XdT, XbT = _verify_tile_x(x_ptr, bx_ptr, b, h, bx_base, offs_p, mask_p, offs_t, mask_t, offs_l, in_l,
+                              s_x_b, s_x_t, s_x_h, s_bx_l, EXACT)                                 # [BP, BT], [BP, BL]
     dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=in_l, other=0.0).to(tl.float32)
-    XbT = tl.load(bx_ptr + bx_base + offs_l[None, :] * s_bx_l + offs_p[:, None],
-                  mask=in_l[None, :] & mask_p[:, None], other=0.0)                                  # [BP, BL]
     if TAIL_P > 0:
-        XdTq = cast(tl.load(x_ptr + b * s_x_b + offs_t[None, :] * s_x_t + h * s_x_h + offs_q[:, None],
-                            mask=mask_q[:, None] & mask_t[None, :], other=0.0).to(tl.float32),
-                    bx_ptr.dtype.element_ty, EXACT)
-        XbTq = tl.load(bx_ptr + bx_base + offs_l[None, :] * s_bx_l + offs_q[:, None],
-                       mask=in_l[None, :] & mask_q[:, None], other=0.0)
+        XdTq, XbTq = _verify_tile_x(x_ptr, bx_ptr, b, h, bx_base, offs_q, mask_q, offs_t, mask_t, offs_l, in_l,
+                                    s_x_b, s_x_t, s_x_h, s_bx_l, EXACT)
     if EARLY_BUF:   # rows >= n are stale: selected away (never multiplied: they may hold anything)
         n = tl.load(cur_ptr + slot, mask=live, other=0)
         mask_l = (offs_l < n) & live
