@@ -25,6 +25,7 @@ In order (no new measurement starts after --deadline seconds; rows print as they
            spec-replay-dual; the baselines of the fp32 case at the same model, batch and T are
            the ratios' denominators;
        p2  T = 4, batch 32, fp32 state: Super, Qwen3.5-122B and Nano.
+     (--prio keeps some of the three groups.)
      Per case: spec-perdraft, vllm-spec, then the variants. K = 16, L = K + T and the default
      acceptance (fixed floor(T/2)) as scenarios/h200-spec.toml.
 One row per measurement: model, batch, T, state, method, variant, the launch it resolved to,
@@ -120,6 +121,9 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # commit gained from half-head programs at batch 128)
     "whole-r160": dict(maxnreg=160),
     "fold-c1": dict(fold=dict(chunks=1)),
+    # session 12: the fp32 state times C in three bf16 passes of mma.py's "bf16x3s" (<= 2^-24 per
+    # product, Triton's bf16x3 is ~2^-16 at the same three passes)
+    "s-b3s": dict(s_prec="bf16x3s"),
     # the commit's fold (session 10; the table: 16 rows x 4 warps, the whole head per program)
     "fold-w2": dict(fold=dict(warps=2)),
     "fold-w1": dict(fold=dict(warps=1)),
@@ -193,6 +197,13 @@ GDN_VARIANTS: dict[str, dict] = {
     "bv128w2-r200": dict(maxnreg=200),
     "bv128w2-r255": dict(maxnreg=255),    # no budget below ptxas's own limit (dual's table sets 168)
     "bv128w2-r168": dict(maxnreg=168),
+    # session 12: the fp32 state tile times the bf16 drafts in three bf16 passes (mma.py "bf16x3s",
+    # <= 2^-24 per product) instead of two tf32 passes of the truncation split (~2^-20); and
+    # shared memory (Triton's 3 stages: 43 KiB, with the registers 4 programs per SM at 128 rows)
+    "s-b3s": dict(S_PREC="bf16x3s"),
+    "bv128w2-s1": dict(num_stages=1),
+    "bv128w2-s2": dict(num_stages=2),
+    "bv128w2-k16-s3": dict(CHUNK_K=16, num_stages=3),
     # the dual commit (u recomputed against the high copy; the table's is the two-pass kernel since
     # session 10): the rank-1 fold kernel's tiles (fp8 low copies), the flush step's rank-1 path
     # (FOLD_MMA off) over the listed rows (the dfold variants route fp32 commits to the fold kernel too)
@@ -328,7 +339,10 @@ def plan(args) -> list[dict]:
     out = [g(0, k, args.batch, "none", True, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
     out += [g(1, k, args.batch, "bfloat16", False, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
     out += [g(2, k, 32, "none", True, keep) for k in ("super", "q122b", "nano") if k in names]
-    return out
+    prios = {int(p) for p in args.prio.split(",") if p}
+    if not prios <= {0, 1, 2}:
+        raise SystemExit(f"--prio: {args.prio!r}; allowed: a comma list of 0, 1, 2")
+    return [grp for grp in out if grp["prio"] in prios]
 
 
 def jobs_of(groups) -> list[tuple]:
@@ -615,6 +629,7 @@ def main() -> int:
                     "a family measures the ones it has); default: all")
     ap.add_argument("--T", type=int, default=T_SPEC, help="draft window (default 4)")
     ap.add_argument("--batch", type=int, default=256, help="batch of the p0 and p1 cases (default 256)")
+    ap.add_argument("--prio", default="0,1,2", help="case groups to run, of 0 (fp32), 1 (dual bf16), 2 (batch 32)")
     ap.add_argument("--K", type=int, default=K, help="flush period (default 16; buffer_len = K + T)")
     ap.add_argument("--max-time", type=float, default=0.5, help="timing: max seconds of samples per measurement")
     ap.add_argument("--workers", type=int, default=12, help="background compile processes (0: none)")
