@@ -115,10 +115,11 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     "whole-n16": dict(block_p=64, warps=2, whole=True, chunk_n=16),
     "whole-w4-n16": dict(block_p=64, warps=4, whole=True, chunk_n=16),
     "whole-b3": dict(block_p=64, warps=2, whole=True, s_prec="bf16x3"),
-    # prepared in session 11, not yet timed: Nano's dual bf16 whole-head verify compiles to 128
-    # registers with a 12-byte spill (ptxas's choice), spill-free at 160 (6 programs per SM, not 8);
-    # the commit's fold at batch 128 in one 16-row chunk per program (more, shorter programs: GDN's
-    # commit gained from half-head programs at batch 128)
+    # prepared in session 11, timed in session 12 (Nano b128, tune_spec_s12a.txt; both slower): Nano's
+    # dual bf16 whole-head verify compiles to 128 registers with a 12-byte spill (ptxas's choice),
+    # spill-free at 160 (6 programs per SM, not 8): 218.2 vs 194.5 us; the commit's fold at batch
+    # 128 in one 16-row chunk per program (more, shorter programs: GDN's commit gained from
+    # half-head programs at batch 128): 277.3 vs 246.6
     "whole-r160": dict(maxnreg=160),
     "fold-c1": dict(fold=dict(chunks=1)),
     # session 12: the fp32 state times C in three bf16 passes of mma.py's "bf16x3s" (<= 2^-24 per
@@ -204,6 +205,10 @@ GDN_VARIANTS: dict[str, dict] = {
     "bv128w2-s1": dict(num_stages=1),
     "bv128w2-s2": dict(num_stages=2),
     "bv128w2-k16-s3": dict(CHUNK_K=16, num_stages=3),
+    # session 12, opt-in DEFER: the commit only moves cursors; the next verify folds the rows left
+    # at n >= K (one read of their checkpoint instead of the flush step's read + the verify's)
+    "defer": {"DEFER": True, "fold": {"DEFER": True}},
+    "defer-k16": {"DEFER": True, "CHUNK_K": 16, "fold": {"DEFER": True}},
     # the dual commit (u recomputed against the high copy; the table's is the two-pass kernel since
     # session 10): the rank-1 fold kernel's tiles (fp8 low copies), the flush step's rank-1 path
     # (FOLD_MMA off) over the listed rows (the dfold variants route fp32 commits to the fold kernel too)
@@ -410,6 +415,8 @@ def launch_desc(case, model) -> str:
         extra.append(f"s{m['num_stages']}")
     if "maxnreg" in m:
         extra.append(f"r{m['maxnreg']}")
+    if m.get("DEFER"):
+        extra.append("defer")
     return " ".join([out] + extra)
 
 

@@ -366,10 +366,10 @@ def test_eager_route_plan(monkeypatch):
 def test_verify_route_plan():
     """The verify table at batch > 4: a whole 128-row head per program on 2 warps up to T = 8
     (16 packed draft columns); 64 rows when T > 8 (32 columns), unless a config sets the rows.
-    A bf16 read copy (dual) runs under a 168-register budget at T = 4 only."""
+    A bf16 read copy (dual) runs under a 168-register budget at T = 4 and 6 only."""
     from replayssm.triton import gdn as TK
     Hk, Hv, dk, dv, K, batch = 16, 64, 128, 128, 16, 256
-    for T, rows in ((4, 128), (8, 128), (9, 64), (16, 64)):
+    for T, rows in ((4, 128), (6, 128), (8, 128), (9, 64), (16, 64)):
         rs = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, device="meta")
         e = lambda *s, dt=torch.bfloat16: torch.empty(batch, T, *s, dtype=dt, device="meta")   # noqa: E731
         x = dict(q=e(Hk, dk), k=e(Hk, dk), v=e(Hv, dv), g=e(Hv, dt=torch.float32), beta=e(Hv, dt=torch.float32))
@@ -380,7 +380,7 @@ def test_verify_route_plan():
         assert grid[0] == 1
         dual = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, mode="dual", lo_dtype="bfloat16", device="meta")
         _, grid, _, meta = TK.plan_verify(dual, **x, state_indices=None, scale=.1, o=x["v"])
-        assert grid[0] == dv // rows and meta.get("maxnreg") == (168 if T == 4 else None), T
+        assert grid[0] == dv // rows and meta.get("maxnreg") == (168 if T in (4, 6) else None), T
 
 
 def test_commit_route_plan():
@@ -592,6 +592,44 @@ def test_verify_commit_long_horizon():
     assert flushes >= 15, f"only {flushes} flushes exercised"
 
 
+def settled(rs):
+    """A copy of a DEFER state with the folds its commits left (rows at n >= K) done by the fold
+    kernel: what the immediate commit (and the reference) holds."""
+    c = copy.deepcopy(rs)
+    from replayssm.triton import gdn as TK
+    every = torch.arange(c.cursor.shape[0], dtype=torch.int32, device=DEV)
+    TK.fold(c, every, None, c.flush_period)
+    return c
+
+
+@pytest.mark.parametrize("sh,T,K,L,cfg", [(TALL, 3, 4, 7, {"BLOCK_V": 64, "CHUNK_K": 16}),
+                                          (GQA, 4, 3, 7, {"BLOCK_V": 64})], ids=["tall-T3", "gqa-T4"])
+def test_deferred_commit_matches_reference(sh, T, K, L, cfg):
+    """DEFER (opt-in): the commit moves cursors only, the next verify folds the rows it left at
+    n >= K (its programs' last writes the drafts' keys and clears the cursor). 24 rounds of
+    random accepts over random row subsets (some padded): outputs equal the reference's
+    immediate commit, and so does the state once the pending folds are done."""
+    g = gen(21)
+    slots, batch = 5, 3
+    rs, rr = make_pair(sh, slots, L, K, "replay", "float32", None, torch.bfloat16, g)
+    cfg = dict(cfg, DEFER=True)
+    pending = 0
+    for rnd in range(24):
+        idx = random_rows(slots, batch, g)
+        pending += int((rs.cursor[idx[idx >= 0].long()] >= K).sum())
+        x = step_inputs(sh, batch, torch.bfloat16, g, T=T)
+        o = GD.verify(rs, **x, state_indices=idx, out=poisoned(x["v"]), config=cfg)
+        assert rel_err(o, R.gdn_verify(rr, **x, state_indices=idx)) <= TOL_BF16_OUT, f"round {rnd}"
+        assert (o[idx < 0] == 0).all()
+        assert (rs.cursor[idx[idx >= 0].long()] < K).all(), "a verified row left pending"
+        state_check(settled(rs), rr, f"round {rnd} verify")
+        acc = torch.randint(0, T + 1, (batch,), generator=g).to(DEV)
+        GD.commit(rs, acc, idx, config=cfg)
+        R.gdn_commit(rr, acc, idx)
+        state_check(settled(rs), rr, f"round {rnd} commit")
+    assert pending >= 8, f"only {pending} deferred folds exercised"
+
+
 # ----------------------------------------------------------------------------- GPU compile (CPU side)
 _COMPILE_SCRIPT = r"""
 import json, torch
@@ -636,16 +674,26 @@ for b in (1, 256):
     for mode, lo in (("replay", None), ("dual", "bfloat16")):
         for j, p in enumerate(G.plan_commit(rs(mode, lo, 20), acc, None, {"COMMIT_FOLD": False})):
             res[f"commit {mode} b{b} launch {j}"] = p
+    iv6 = x(b, 6)
+    res[f"verify T6 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 22), **iv6, state_indices=None, scale=.1, o=iv6["v"])
     iv8 = x(b, 8)
     res[f"verify T8 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv8, state_indices=None, scale=.1, o=iv8["v"])
 print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))
 """
 
 
+# Launches whose table row was timed faster with a small spill than without it (bytes of spill
+# stores / loads allowed): the dual verify at T 6 under its 168-register budget, 6 programs per
+# SM instead of 5 (b256 Qwen3.5-122B 617 vs 666 us per round, Qwen3.5-4B 328 vs 352;
+# results/device-logs-20261130-s12/tune_spec_s12e_T6.txt).
+SPILL_ALLOWED = {"verify T6 b256": 12}
+
+
 @pytest.mark.skipif(CUDA, reason="the CUDA run compiles and runs the kernels for real")
 def test_kernels_compile_for_hopper_without_spills():
     """Compile the kernels at Qwen3.5-122B dims for sm_90 (no GPU needed): catches code the
-    interpreter accepts but the compiler rejects, and register spills in the launch table."""
+    interpreter accepts but the compiler rejects, and register spills in the launch table (but
+    those of SPILL_ALLOWED)."""
     import triton
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
         pytest.skip("triton wheel without the NVIDIA backend binaries")
@@ -654,7 +702,9 @@ def test_kernels_compile_for_hopper_without_spills():
     assert r.returncode == 0, r.stderr[-3000:]
     use = json.loads(r.stdout.strip().splitlines()[-1])
     for name, u in use.items():
-        assert u["local"] == 0 and u["stack"] == 0, f"{name} spills: {u}"
+        allowed = SPILL_ALLOWED.get(name, 0)
+        assert u["spill_stores"] <= allowed and u["spill_loads"] <= allowed, f"{name} spills: {u}"
+        assert allowed or (u["local"] == 0 and u["stack"] == 0), f"{name} spills: {u}"
         # verify: the H200-measured fastest launch (128 rows / 2 warps, tools/tune_spec.py) holds
         # ~235 registers, i.e. 4 programs per SM; the dual flush step and the dual commit (the
         # triangular solve; they move 1/K of the states; tools/tune_gdn.py flush-dual-*,

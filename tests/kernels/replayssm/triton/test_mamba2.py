@@ -714,9 +714,10 @@ print(json.dumps(out))
 
 # Launches timed fastest as they compile, spills included (bytes of spill stores / loads allowed).
 # Nano's dual bf16 whole-head verify: ptxas holds it to 128 registers with a 12-byte spill
-# (8 programs per SM); under a 160-register budget it compiles without one (6 per SM), not
-# yet timed. Measured as shipped: 364 us round vs 453-497 for the spill-free tiles
-# (results/device-logs-20261130-s11/tune_spec_s11g.txt).
+# (8 programs per SM); under a 160-register budget it compiles without one (6 per SM). Measured
+# as shipped: 364 us round vs 453-497 for the spill-free tiles at b256
+# (results/device-logs-20261130-s11/tune_spec_s11g.txt); 194.5 vs 218.2 us under the 160 budget
+# at b128 (device-logs-20261130-s12/tune_spec_s12a.txt).
 SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12}
 
 
