@@ -209,6 +209,9 @@ GDN_VARIANTS: dict[str, dict] = {
     # at n >= K (one read of their checkpoint instead of the flush step's read + the verify's)
     "defer": {"DEFER": True, "fold": {"DEFER": True}},
     "defer-k16": {"DEFER": True, "CHUNK_K": 16, "fold": {"DEFER": True}},
+    # the deferred verify's cost without any fold to do (the commit folds as shipped, so no row is
+    # left at n >= K): its cursor read before the state stream, and its code's registers
+    "defer-verify-only": {"DEFER": True},
     # the dual commit (u recomputed against the high copy; the table's is the two-pass kernel since
     # session 10): the rank-1 fold kernel's tiles (fp8 low copies), the flush step's rank-1 path
     # (FOLD_MMA off) over the listed rows (the dfold variants route fp32 commits to the fold kernel too)
