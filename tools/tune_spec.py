@@ -122,9 +122,6 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # half-head programs at batch 128): 277.3 vs 246.6
     "whole-r160": dict(maxnreg=160),
     "fold-c1": dict(fold=dict(chunks=1)),
-    # session 12: the fp32 state times C in three bf16 passes of mma.py's "bf16x3s" (<= 2^-24 per
-    # product, Triton's bf16x3 is ~2^-16 at the same three passes)
-    "s-b3s": dict(s_prec="bf16x3s"),
     # the commit's fold (session 10; the table: 16 rows x 4 warps, the whole head per program)
     "fold-w2": dict(fold=dict(warps=2)),
     "fold-w1": dict(fold=dict(warps=1)),
@@ -198,20 +195,11 @@ GDN_VARIANTS: dict[str, dict] = {
     "bv128w2-r200": dict(maxnreg=200),
     "bv128w2-r255": dict(maxnreg=255),    # no budget below ptxas's own limit (dual's table sets 168)
     "bv128w2-r168": dict(maxnreg=168),
-    # session 12: the fp32 state tile times the bf16 drafts in three bf16 passes (mma.py "bf16x3s",
-    # <= 2^-24 per product) instead of two tf32 passes of the truncation split (~2^-20); and
-    # shared memory (Triton's 3 stages: 43 KiB, with the registers 4 programs per SM at 128 rows)
-    "s-b3s": dict(S_PREC="bf16x3s"),
+    # session 12: shared memory (Triton's 3 stages: 43 KiB, with the registers 4 programs per SM at
+    # 128 rows); all slower (tune_spec_s12b.txt, _s12c.txt)
     "bv128w2-s1": dict(num_stages=1),
     "bv128w2-s2": dict(num_stages=2),
     "bv128w2-k16-s3": dict(CHUNK_K=16, num_stages=3),
-    # session 12, opt-in DEFER: the commit only moves cursors; the next verify folds the rows left
-    # at n >= K (one read of their checkpoint instead of the flush step's read + the verify's)
-    "defer": {"DEFER": True, "fold": {"DEFER": True}},
-    "defer-k16": {"DEFER": True, "CHUNK_K": 16, "fold": {"DEFER": True}},
-    # the deferred verify's cost without any fold to do (the commit folds as shipped, so no row is
-    # left at n >= K): its cursor read before the state stream, and its code's registers
-    "defer-verify-only": {"DEFER": True},
     # the dual commit (u recomputed against the high copy; the table's is the two-pass kernel since
     # session 10): the rank-1 fold kernel's tiles (fp8 low copies), the flush step's rank-1 path
     # (FOLD_MMA off) over the listed rows (the dfold variants route fp32 commits to the fold kernel too)
@@ -418,8 +406,6 @@ def launch_desc(case, model) -> str:
         extra.append(f"s{m['num_stages']}")
     if "maxnreg" in m:
         extra.append(f"r{m['maxnreg']}")
-    if m.get("DEFER"):
-        extra.append("defer")
     return " ".join([out] + extra)
 
 

@@ -958,7 +958,7 @@ def _gdn_flush_step_kernel(
 
 @triton.jit
 def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B: tl.constexpr,
-                              COMPACT: tl.constexpr, DEFER: tl.constexpr = False):
+                              COMPACT: tl.constexpr):
     """First launch of a speculative commit, one program: with m = cursor + accepted[b],
     COMPACT: moves the cursors (0 where m >= K: the row flushes; else m) and lists the flushing
       rows for the flush step, nxt[r] = (b << 16) | (m - 1) at their ranks r, and their count
@@ -974,9 +974,7 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
     live = slot >= 0
     m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
     m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
-    if DEFER:        # the whole commit: the next verify folds where m >= K
-        tl.store(cur_ptr + slot, m, mask=live)
-    elif COMPACT:
+    if COMPACT:
         fl = live & (m >= flush_period)
         tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
         rank = tl.cumsum(fl.to(tl.int32), 0) - 1
@@ -1257,51 +1255,15 @@ def _verify_rows(SP, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_p
 
 
 @triton.jit
-def _verify_deferred_fold(rd_ptr, row_off, rows, lrows, ub_ptr, kb_ptr, gb_ptr, slot64, h, kh, n0,
-                          BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_F: tl.constexpr,
-                          HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          L: tl.constexpr, FOLD_PREC: tl.constexpr, EPS: tl.constexpr, INTERP: tl.constexpr):
-    """DEFER: the commit's fold of entries 0..n0-1 into this tile's rows of the fp32
-    checkpoint, written back: S = e^{C} S + (U * w) Kb with U [BV, BF] the stored u, w_i =
-    e^{C - c_i} / |k_i| and Kb the raw keys (as the flush step's FOLD_MMA fold), over dk in
-    BLOCK_K-column steps (the key norms first: they need every column)."""
-    ll = tl.arange(0, BLOCK_F)
-    lm = ll < n0
-    ent = slot64 * L + ll
-    nk = tl.zeros([BLOCK_F], tl.float32)
-    for c0 in tl.range(0, DK, BLOCK_K):
-        cols = c0 + tl.arange(0, BLOCK_K)
-        kf = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :],
-                     mask=lm[:, None] & (cols < DK)[None, :], other=0.0).to(tl.float32)
-        nk += tl.sum(kf * kf, 1)
-    gl = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-    cl = tl.cumsum(gl, 0)
-    Cn = tl.sum(gl, 0)
-    wl = tl.where(lm, tl.exp(Cn - cl) * tl.rsqrt(nk + EPS), 0.0)                  # exponents <= 0
-    U = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rows[:, None], mask=lrows[:, None] & lm[None, :],
-                other=0.0).to(tl.float32) * wl[None, :]                               # [BV, BF]
-    eC = tl.exp(Cn)
-    for c0 in tl.range(0, DK, BLOCK_K):
-        cols = c0 + tl.arange(0, BLOCK_K)
-        m2 = lrows[:, None] & (cols < DK)[None, :]
-        ptrs = rd_ptr + row_off[:, None] * DK + cols[None, :]
-        kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & (cols < DK)[None, :],
-                     other=0.0)
-        S = eC * tl.load(ptrs, mask=m2, other=0.0) + mm(U, kb, FOLD_PREC, INTERP)
-        tl.store(ptrs, S, mask=m2)
-
-
-@triton.jit
 def _gdn_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sgh, sbb, sbt, sbh, sob, sot, soh,
-    scale, flush_period, nprog,
+    scale,
     T: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
     EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    DEFER: tl.constexpr = False, BLOCK_F: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x2t",
 ):
     """All T draft outputs for [BLOCK_V, dk] state tiles from the read checkpoint and the
     buffer, in matrix form. The drafts are packed as columns of one operand: column j < T is
@@ -1340,32 +1302,22 @@ def _gdn_verify_kernel(
     kcol = kcol0 & live
     qcol = qcol0 & live
     ent = slot64 * L + ll
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    rmask = rows < DV
-    lrows = rmask & live
-    row_off = (slot64 * HV + h) * DV + rows
-    pend = False      # a tensor under DEFER
-    if DEFER:   # a commit left n >= K: fold its entries first, then verify from an empty buffer
-        n0 = tl.load(cur_ptr + slot64, mask=live, other=0) & _CUR_MASK
-        pend = live & (n0 >= flush_period)
-        if pend:
-            _verify_deferred_fold(rd_ptr, row_off, rows, lrows, ub_ptr, kb_ptr, gb_ptr, slot64, h, kh, n0,
-                                  BLOCK_V, BLOCK_K, BLOCK_F, HV, HK, DK, DV, L, FOLD_PREC, EPS, INTERP)
-            tl.debug_barrier()    # the folded rows, stored by other threads, are read back below
-        n = tl.where(pend, 0, n0)
-        lm = (ll < n) & live
-    elif EARLY_BUF:
+    if EARLY_BUF:
         lm = (ll < L) & live
     else:
         n = tl.load(cur_ptr + slot64, mask=live, other=0)
         lm = (ll < n) & live
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < DV
+    lrows = rmask & live
+    row_off = (slot64 * HV + h) * DV + rows
     SP, GP, PP, nP, nkb = _verify_dk_loop(
         rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol, skb, skt, skh, sqb, sqt, sqh,
         BLOCK_V, BLOCK_P, BLOCK_L, BLOCK_K, DK, HK, S_PREC, K_PREC, INTERP)
     gp = tl.load(g_ptr + b * sgb + dj * sgt + h * sgh, mask=kcol | qcol, other=0.0).to(tl.float32)
     bp = tl.load(beta_ptr + b * sbb + dj * sbt + h * sbh, mask=kcol, other=0.0).to(tl.float32)
     gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-    if EARLY_BUF and not DEFER:
+    if EARLY_BUF:
         n = tl.load(cur_ptr + slot64, mask=live, other=0)
         lm = (ll < n) & live
         gch = tl.where(lm, gch, 0.0)
@@ -1383,30 +1335,13 @@ def _gdn_verify_kernel(
         tl.store(gb_ptr + dent * HV + h, gp, mask=pm)
         if DUAL:
             tl.store(bb_ptr + dent * HV + h, bp, mask=pm)
-        if (h % GROUP == 0) & (pend == 0):
-            _verify_store_keys(k_ptr, kb_ptr, b, kh, pc, pm, dent, skb, skt, skh, BLOCK_K, DK, HK, INTERP)
-    if pend:
-        # a deferred fold read entries 0..n0-1 of the keys its key head shares with GROUP - 1
-        # other programs, and the drafts' keys go to entries 0..T-1: the last of the
-        # sequence's programs to count itself in (ticket in the cursor's high bits; acq_rel
-        # orders every program's reads before it) writes every key head's, and clears the cursor
-        old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="acq_rel")
-        if (old >> 16) == nprog - 1:
-            for kh2 in range(HK):
-                _verify_store_keys(k_ptr, kb_ptr, b, kh2, pc, pm, dent, skb, skt, skh, BLOCK_K, DK, HK, INTERP)
-            tl.atomic_xchg(cur_ptr + slot64, 0, sem="relaxed")
-
-
-@triton.jit
-def _verify_store_keys(k_ptr, kb_ptr, b, kh, pc, pm, dent, skb, skt, skh, BLOCK_K: tl.constexpr, DK: tl.constexpr,
-                       HK: tl.constexpr, INTERP: tl.constexpr):
-    """The drafts' raw keys of key head kh (columns pc where pm) into the buffer at entries dent."""
-    for c0 in tl.range(0, DK, BLOCK_K):
-        cols = c0 + tl.arange(0, BLOCK_K)
-        cm = pm[:, None] & (cols < DK)[None, :]
-        kr = tl.load(k_ptr + b * skb + pc[:, None] * skt + kh * skh + cols[None, :], mask=cm, other=0.0)
-        tl.store(kb_ptr + (dent * HK + kh)[:, None] * DK + cols[None, :],
-                 cast(kr.to(tl.float32), kb_ptr.dtype.element_ty, INTERP), mask=cm)
+        if h % GROUP == 0:
+            for c0 in tl.range(0, DK, BLOCK_K):
+                cols = c0 + tl.arange(0, BLOCK_K)
+                cm = pm[:, None] & (cols < DK)[None, :]
+                kr = tl.load(k_ptr + b * skb + pc[:, None] * skt + kh * skh + cols[None, :], mask=cm, other=0.0)
+                tl.store(kb_ptr + (dent * HK + kh)[:, None] * DK + cols[None, :],
+                         cast(kr.to(tl.float32), kb_ptr.dtype.element_ty, INTERP), mask=cm)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -1665,15 +1600,8 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     rd, rd_sc, rd_fp8 = _ckpt_args(rs.read_ckpt)
     buf, dual = _buffer_args(rs)
     idx = _rows_index(state_indices, batch, v.device)
-    nprog = triton.cdiv(dv, cfg["BLOCK_V"]) * Hv
-    defer = bool(cfg.get("DEFER", False))
-    if defer:
-        _check_defer(rs, cfg["BLOCK_V"], dv)
-    args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, *_strides(q, k, v, g, beta, o, dims=3), scale,
-            rs.flush_period, nprog]
-    extra = dict(DEFER=True, BLOCK_F=max(16, triton.next_power_of_2(L)),
-                 FOLD_PREC=split_precision(rs.hi.data.dtype, rs.k.dtype)) if defer else {}
-    meta = _common_meta(cfg, **extra, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
+    args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, *_strides(q, k, v, g, beta, o, dims=3), scale]
+    meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
                         BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
                         BLOCK_P=block_p, RD_FP8=rd_fp8, DUAL=dual,
                         S_PREC=cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype),
@@ -1681,16 +1609,6 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                         SMALL_PREC=cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32)))
     _launch_options(meta, cfg)
     return _gdn_verify_kernel, (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch), args, meta
-
-
-def _check_defer(rs: GDNReplayState, block_v: int, dv: int) -> None:
-    """DEFER (opt-in): the commit only moves cursors and the next verify folds the rows it left
-    at n >= K. Written for one fp32 checkpoint (replay mode), a whole head per verify program
-    (the drafts' g and u entries then have one writer and one reader per head)."""
-    if rs.mode != "replay" or rs.hi.data.dtype != torch.float32:
-        raise ValueError(f"DEFER: replay mode with an fp32 checkpoint only, not {rs.mode} / {rs.hi.data.dtype}")
-    if block_v < dv:
-        raise ValueError(f"DEFER: a whole head per verify program (BLOCK_V >= {dv}), not {block_v}")
 
 
 def _launch_options(meta: dict, cfg: dict) -> None:
@@ -1756,11 +1674,6 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
         raise ValueError(f"commit: batch {batch} > 32767 (the flush step packs the row index in 15 bits)")
     idx = _rows_index(state_indices, batch, accepted.device)
     config = {**OVERRIDE.get("fold", {}), **(config or {})}
-    if config.get("DEFER"):      # cursors only; the next verify folds (see _check_defer)
-        _check_defer(rs, rs.hi.data.shape[2], rs.hi.data.shape[2])
-        bb = triton.next_power_of_2(batch)
-        return [(_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, idx, batch, rs.flush_period],
-                 dict(BLOCK_B=bb, COMPACT=False, DEFER=True, num_warps=4 if bb >= 256 else 1))]
     fc = _flush_step_row(rs, batch, "commit", config)
     two_pass = bool(fc.get("TWO_PASS")) and _dual_2pass_fits(rs)
     if config.get("COMMIT_FOLD", fc.get("COMMIT_FOLD")) or (fc.get("TWO_PASS") and not two_pass):

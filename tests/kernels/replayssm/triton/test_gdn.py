@@ -592,44 +592,6 @@ def test_verify_commit_long_horizon():
     assert flushes >= 15, f"only {flushes} flushes exercised"
 
 
-def settled(rs):
-    """A copy of a DEFER state with the folds its commits left (rows at n >= K) done by the fold
-    kernel: what the immediate commit (and the reference) holds."""
-    c = copy.deepcopy(rs)
-    from replayssm.triton import gdn as TK
-    every = torch.arange(c.cursor.shape[0], dtype=torch.int32, device=DEV)
-    TK.fold(c, every, None, c.flush_period)
-    return c
-
-
-@pytest.mark.parametrize("sh,T,K,L,cfg", [(TALL, 3, 4, 7, {"BLOCK_V": 64, "CHUNK_K": 16}),
-                                          (GQA, 4, 3, 7, {"BLOCK_V": 64})], ids=["tall-T3", "gqa-T4"])
-def test_deferred_commit_matches_reference(sh, T, K, L, cfg):
-    """DEFER (opt-in): the commit moves cursors only, the next verify folds the rows it left at
-    n >= K (its programs' last writes the drafts' keys and clears the cursor). 24 rounds of
-    random accepts over random row subsets (some padded): outputs equal the reference's
-    immediate commit, and so does the state once the pending folds are done."""
-    g = gen(21)
-    slots, batch = 5, 3
-    rs, rr = make_pair(sh, slots, L, K, "replay", "float32", None, torch.bfloat16, g)
-    cfg = dict(cfg, DEFER=True)
-    pending = 0
-    for rnd in range(24):
-        idx = random_rows(slots, batch, g)
-        pending += int((rs.cursor[idx[idx >= 0].long()] >= K).sum())
-        x = step_inputs(sh, batch, torch.bfloat16, g, T=T)
-        o = GD.verify(rs, **x, state_indices=idx, out=poisoned(x["v"]), config=cfg)
-        assert rel_err(o, R.gdn_verify(rr, **x, state_indices=idx)) <= TOL_BF16_OUT, f"round {rnd}"
-        assert (o[idx < 0] == 0).all()
-        assert (rs.cursor[idx[idx >= 0].long()] < K).all(), "a verified row left pending"
-        state_check(settled(rs), rr, f"round {rnd} verify")
-        acc = torch.randint(0, T + 1, (batch,), generator=g).to(DEV)
-        GD.commit(rs, acc, idx, config=cfg)
-        R.gdn_commit(rr, acc, idx)
-        state_check(settled(rs), rr, f"round {rnd} commit")
-    assert pending >= 8, f"only {pending} deferred folds exercised"
-
-
 # ----------------------------------------------------------------------------- GPU compile (CPU side)
 _COMPILE_SCRIPT = r"""
 import json, torch

@@ -1,7 +1,6 @@
 """The verify kernels' matrix-product helpers (replayssm.triton.mma) against fp64 products:
 the truncation splits "tf32x2t" (one fp32 operand, the other exact in tf32) and "tf32x3t"
-(both fp32), the two- and three-pass bf16 splits "bf16x2" and "bf16x3s" (the other operand
-exact in bf16), beside
+(both fp32), the two-pass bf16 split "bf16x2" (the other operand exact in bf16), beside
 Triton's "tf32x3". Under the CPU interpreter their dots run in fp32, so this checks the split
 algebra; on a GPU it checks the error bound of the tensor cores."""
 from __future__ import annotations
@@ -11,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm.triton.mma import bf16_split3, mm, mma_acc, split_precision, tf32_split
+from replayssm.triton.mma import mm, mma_acc, split_precision, tf32_split
 
 from kernel_checks import CUDA, DEV, gen
 
@@ -50,16 +49,12 @@ def _run(a, b, prec, acc=None):
 
 # the bound per product relative to sum |a_ik b_kj|: 2^-20 for the truncation splits
 # (one lost tf32 rounding of the low part), Triton's tf32x3 ~2^-22; bf16x2 2^-16 (the bf16
-# rounding of the low part; Triton's bf16x3 is the same against an operand exact in bf16);
-# bf16x3s: the three-part split leaves <= 2^-24 (the interpreter's truncating cast 2^-21), the
-# fp32 accumulation of the products the rest
-BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19, "bf16x2": 2.0 ** -15,
-         "bf16x3s": 2.0 ** -20}
+# rounding of the low part; Triton's bf16x3 is the same against an operand exact in bf16)
+BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19, "bf16x2": 2.0 ** -15}
 
 
 @pytest.mark.parametrize("prec,b_dtype", [("tf32x2t", torch.bfloat16), ("tf32x3t", torch.float32),
-                                          ("tf32x3", torch.float32), ("bf16x2", torch.bfloat16),
-                                          ("bf16x3s", torch.bfloat16)])
+                                          ("tf32x3", torch.float32), ("bf16x2", torch.bfloat16)])
 @pytest.mark.parametrize("with_acc", [False, True])
 def test_products_within_bound(prec, b_dtype, with_acc):
     g = gen(11)
@@ -82,29 +77,6 @@ def test_tf32_split_is_exact_and_truncates():
     assert torch.equal(hi + lo, a)                                          # exact split
     assert (hi.view(torch.int32) & 0x1FFF == 0).all()                       # hi fits tf32
     assert (lo.abs() <= a.abs() * 2.0 ** -10).all()                         # lo below hi's last bit
-
-
-@triton.jit
-def _split3_kernel(a_ptr, p_ptr, M: tl.constexpr):
-    i = tl.arange(0, M)
-    hi, mid, lo = bf16_split3(tl.load(a_ptr + i))
-    tl.store(p_ptr + i, hi.to(tl.float32))
-    tl.store(p_ptr + M + i, mid.to(tl.float32))
-    tl.store(p_ptr + 2 * M + i, lo.to(tl.float32))
-
-
-def test_bf16_split3_parts_are_bf16_and_sum_to_a():
-    g = gen(13)
-    a = (torch.randn(256, generator=g) * torch.exp2(torch.randint(-60, 60, (256,), generator=g))).to(DEV)
-    p = torch.empty(3, 256, device=DEV)
-    _split3_kernel[(1,)](a, p, M=256)
-    assert torch.equal(p, p.to(torch.bfloat16).float())                     # every part a bf16 value
-    # each part below the last bit of the ones before it: the GPU's cast rounds to nearest (half a
-    # bf16 ulp, <= 2^-8 relative), the CPU interpreter's truncates (< 2^-7)
-    e = 8 if CUDA else 7
-    assert (p[1].abs() <= a.abs() * 2.0 ** -e).all() and (p[2].abs() <= a.abs() * 2.0 ** (-2 * e)).all()
-    err = (p.double().sum(0) - a.double()).abs()
-    assert (err <= a.double().abs() * 2.0 ** (-3 * e)).all(), (err / a.double().abs()).max().item()
 
 
 def test_split_precision_takes_two_passes_only_when_b_is_exact_in_tf32():
