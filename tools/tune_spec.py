@@ -86,7 +86,7 @@ STUDY = ("super", "q122b", "nano", "q4b")     # --models (the smoke run takes tm
 # False: block_p-row programs; unset: the table's), warps, early_buf (buffer tiles loaded
 # before the cursor arrives), s_prec (tl.dot precision of the fp32 state tile: "bf16x2",
 # "bf16x3", "tf32x3", "split3"), chunk_n (state columns per MMA step), x_prec; a "fold" key
-# goes to OVERRIDE["fold"] (block_p, chunks, warps) of the commit's fold; maxnreg (ptxas's
+# goes to OVERRIDE["fold"] (block_p, chunks, warps, list) of the commit's fold; maxnreg (ptxas's
 # register cap). Keys plan_verify does not read do nothing.
 MAMBA2_VARIANTS: dict[str, dict] = {
     "default": {},
@@ -122,6 +122,9 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # half-head programs at batch 128): 277.3 vs 246.6
     "whole-r160": dict(maxnreg=160),
     "fold-c1": dict(fold=dict(chunks=1)),
+    # session 12: the commit's folding rows listed first and folded by NW workers per head (the
+    # default, COMMIT_LIST) vs one fold program per (row, head) as before
+    "commit-per-row": dict(fold=dict(list=False)),
     # the commit's fold (session 10; the table: 16 rows x 4 warps, the whole head per program)
     "fold-w2": dict(fold=dict(warps=2)),
     "fold-w1": dict(fold=dict(warps=1)),

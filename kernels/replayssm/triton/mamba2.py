@@ -184,6 +184,12 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
 CURSOR_BLOCK = 256
+# Commit: list the folding rows first (one program) and fold them with a few workers per head
+# tile, instead of one fold program per (row, head tile) that mostly finds nothing to do
+# (plan_commit). OVERRIDE["fold"]["list"] (bool) for tuning. Up to COMMIT_LIST_MAX rows
+# (the list launch is one program over the batch; the key packs the row in 15 bits).
+COMMIT_LIST = True
+COMMIT_LIST_MAX = 4096
 # Verify: load the buffer tiles for all rows < min(K, L) before the cursor arrives (rows >= n
 # zeroed after): one dependent round trip less per program, up to K - n rows more read.
 VERIFY_EARLY_BUF = True
@@ -774,41 +780,90 @@ def _fold_kernel(
     BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     HAS_ACC: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr,
     USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr,
+    LIST: tl.constexpr = False, ROWS=0, NW=1, NT: tl.constexpr = 1,
 ):
     """Fold buffer entries 0..n-1 into the high checkpoint tile and write it (and the low
     copy in dual mode), where n = cursor[slot] (+ accepted[row] for a commit) and only if
-    n >= THRESH (flush: 1, commit: K). Row r of the grid addresses slot idx[r] (< 0: skip)."""
+    n >= THRESH (flush: 1, commit: K). Row r of the grid addresses slot idx[r] (< 0: skip).
+    LIST (a commit after _commit_list_kernel, which has moved the cursors): grid dim 2 is NW
+    workers; acc_ptr holds the folding rows as (r << 16) | n at ranks 0.., their count at
+    [ROWS]; worker w folds the ranks w, w + NW, ... < the count (NT = cdiv(ROWS, NW) slots;
+    no program per batch row that only finds nothing to do)."""
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
-    r = tl.program_id(2).to(tl.int64)
+    if LIST:
+        w = tl.program_id(2)
+        mine = (tl.load(acc_ptr + ROWS) - w + NW - 1) // NW
+        for t in range(NT):       # (a loop bound loaded from memory: not under the interpreter)
+            if t < mine:
+                key = tl.load(acc_ptr + w + t * NW)
+                slot = tl.load(idx_ptr + (key >> 16)).to(tl.int64)
+                _fold_head(slot, key & 0xFFFF, pid_p, h, bx_ptr, bB_ptr, bdt_ptr, A_ptr, hi_ptr, hi_sc_ptr, lo_ptr,
+                           lo_sc_ptr, P, N, L, HPG, s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+                           s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h, BLOCK_P, ROW_CHUNKS, BLOCK_N, BLOCK_L, HI_SCALE,
+                           HAS_LO, LO_SCALE, USE_DOT, DOT_PREC, EXACT)
+    else:
+        r = tl.program_id(2).to(tl.int64)
+        slot = tl.load(idx_ptr + r).to(tl.int64)
+        live = slot >= 0
+        slot = tl.maximum(slot, 0)
+        n = tl.load(cur_ptr + slot, mask=live, other=0)
+        if HAS_ACC:
+            n = n + tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32)
+        if live & (n >= THRESH):
+            _fold_head(slot, n, pid_p, h, bx_ptr, bB_ptr, bdt_ptr, A_ptr, hi_ptr, hi_sc_ptr, lo_ptr,
+                       lo_sc_ptr, P, N, L, HPG, s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+                       s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h, BLOCK_P, ROW_CHUNKS, BLOCK_N, BLOCK_L, HI_SCALE,
+                       HAS_LO, LO_SCALE, USE_DOT, DOT_PREC, EXACT)
+
+
+# noinline: inlined into the LIST rank loop, ptxas took 255 registers and spilled 64-96 bytes
+# (Nano dims, sm_90); as a call 152-170 and none, as in the per-row kernel
+@triton.jit(noinline=True)
+def _fold_head(slot, n, pid_p, h, bx_ptr, bB_ptr, bdt_ptr, A_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+               P, N, L, HPG, s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+               s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
+               BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+               HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr,
+               DOT_PREC: tl.constexpr, EXACT: tl.constexpr):
+    """_fold_kernel's fold of entries 0..n-1 of slot's head h, rows of program pid_p."""
     g = h // HPG
-    slot = tl.load(idx_ptr + r).to(tl.int64)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    offs_l = tl.arange(0, BLOCK_L)
+    mask_l = (offs_l < n) & (offs_l < L)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
+    w, total = _buffer_weights(dt_i * A, dt_i, mask_l, 0.0)
+    Bb = _load_buffer_B(bB_ptr, slot * s_bB_s + g * s_bB_g, s_bB_l, offs_l, offs_n, mask_l, mask_n)
+    ck_base = slot * s_ck_s + h * s_ck_h
+    sc_base = slot * s_sc_s + h * s_sc_h
+    bx_base = slot * s_bx_s + h * s_bx_h
+    for c in tl.static_range(ROW_CHUNKS):
+        offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < P
+        mask = mask_p[:, None] & mask_n[None, :]
+        S = _fold_chunk(hi_ptr, hi_sc_ptr, ck_base, sc_base, s_ck_p, bx_ptr + bx_base, s_bx_l, offs_l, mask_l,
+                        w, total, Bb, offs_p, offs_n, mask_p, mask, HI_SCALE, USE_DOT, DOT_PREC, EXACT)
+        _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p,
+                     S, HI_SCALE, HAS_LO, LO_SCALE, EXACT, "")
+
+
+@triton.jit
+def _commit_list_kernel(idx_ptr, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B: tl.constexpr):
+    """First launch of a LIST commit, one program: m = cursor + accepted[r] per live row; the
+    cursor becomes 0 where m >= K (the row folds entries 0..m-1) else m; the folding rows are
+    listed as lst[rank] = (r << 16) | m (m <= L < 2^16, r < 2^15), their count at lst[rows]."""
+    rr = tl.arange(0, BLOCK_B)
+    slot = tl.load(idx_ptr + rr, mask=rr < rows, other=-1)
     live = slot >= 0
     slot = tl.maximum(slot, 0)
-    n = tl.load(cur_ptr + slot, mask=live, other=0)
-    if HAS_ACC:
-        n = n + tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32)
-    do = live & (n >= THRESH)
-    if do:
-        A = tl.load(A_ptr + h).to(tl.float32)
-        offs_l = tl.arange(0, BLOCK_L)
-        mask_l = (offs_l < n) & (offs_l < L)
-        offs_n = tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
-        w, total = _buffer_weights(dt_i * A, dt_i, mask_l, 0.0)
-        Bb = _load_buffer_B(bB_ptr, slot * s_bB_s + g * s_bB_g, s_bB_l, offs_l, offs_n, mask_l, mask_n)
-        ck_base = slot * s_ck_s + h * s_ck_h
-        sc_base = slot * s_sc_s + h * s_sc_h
-        bx_base = slot * s_bx_s + h * s_bx_h
-        for c in tl.static_range(ROW_CHUNKS):
-            offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
-            mask_p = offs_p < P
-            mask = mask_p[:, None] & mask_n[None, :]
-            S = _fold_chunk(hi_ptr, hi_sc_ptr, ck_base, sc_base, s_ck_p, bx_ptr + bx_base, s_bx_l, offs_l, mask_l,
-                            w, total, Bb, offs_p, offs_n, mask_p, mask, HI_SCALE, USE_DOT, DOT_PREC, EXACT)
-            _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p,
-                         S, HI_SCALE, HAS_LO, LO_SCALE, EXACT, "")
+    m = tl.load(cur_ptr + slot, mask=live, other=0) + tl.load(acc_ptr + rr, mask=live, other=0).to(tl.int32)
+    fl = live & (m >= K)
+    tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
+    rank = tl.cumsum(fl.to(tl.int32), 0) - 1
+    tl.store(lst_ptr + rank, (rr << 16) | m, mask=fl)
+    tl.store(lst_ptr + rows, tl.sum(fl.to(tl.int32), 0))
 
 
 # ----------------------------------------------------------------------------- verify (speculation)
@@ -1248,10 +1303,11 @@ def replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, adva
     return y
 
 
-def plan_fold(rs, A, idx, thresh: int, accepted=None):
+def plan_fold(rs, A, idx, thresh: int, accepted=None, listed=None):
     """[launch] of the fold over rows idx [r] (slots; negative = skip): entries 0..n-1 with
     n = cursor (+ accepted[r]) are folded into the checkpoint where n >= thresh.
-    The cursor is not touched (the caller runs the cursor pass)."""
+    The cursor is not touched (the caller runs the cursor pass). listed = (lst, workers): the
+    rows _commit_list_kernel listed in lst, folded by that many workers per head tile instead."""
     rows = idx.shape[0]
     if rows == 0:
         return []
@@ -1267,6 +1323,11 @@ def plan_fold(rs, A, idx, thresh: int, accepted=None):
     lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     acc = accepted if accepted is not None else idx
     grid = (triton.cdiv(P, block_p * chunks), H, rows)
+    extra = {}
+    if listed is not None:
+        acc, nw = listed
+        grid = grid[:2] + (nw,)
+        extra = dict(LIST=True, ROWS=rows, NW=nw, NT=triton.cdiv(rows, nw))
     return [_record(_fold_kernel, grid)(
         idx, acc, rs.cursor, rs.x, rs.B, rs.dt, A,
         hi_d, hi_s, lo_d, lo_s,
@@ -1274,7 +1335,7 @@ def plan_fold(rs, A, idx, thresh: int, accepted=None):
         *_buffer_strides(rs), *_ckpt_strides(rs),
         BLOCK_P=block_p, ROW_CHUNKS=chunks, BLOCK_N=block_n, BLOCK_L=block_l,
         HAS_ACC=accepted is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
-        USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), num_warps=warps)]
+        USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), num_warps=warps, **extra)]
 
 
 def plan_flush(rs, A, slots=None):
@@ -1291,11 +1352,32 @@ def flush(rs, A, slots=None):
 
 
 def plan_commit(rs, A, accepted, state_indices=None):
-    """[launches] of commit: the fold (threshold K, n = cursor + accepted) and the cursor pass."""
+    """[launches] of commit (n = cursor + accepted, folded where n >= K). COMMIT_LIST (up to
+    COMMIT_LIST_MAX rows): _commit_list_kernel moves the cursors and lists the folding rows,
+    then NW = cdiv(rows * T, K) workers per head tile fold them (T = capacity - K, the most a
+    commit adds: a staggered batch's folds in one pass each); else the fold with one program
+    per (row, head tile), then the cursor pass."""
     bsz = accepted.shape[0]
     idx = state_indices if state_indices is not None else torch.arange(
         bsz, device=accepted.device, dtype=torch.int32)
-    return plan_fold(rs, A, idx, rs.flush_period, accepted) + plan_cursor(rs, idx, bsz, 1, accepted)
+    if bsz == 0 or not OVERRIDE.get("fold", {}).get("list", COMMIT_LIST) or bsz > COMMIT_LIST_MAX:
+        return plan_fold(rs, A, idx, rs.flush_period, accepted) + plan_cursor(rs, idx, bsz, 1, accepted)
+    lst = _commit_rows(rs, bsz, accepted.device)
+    nw = max(1, min(bsz, triton.cdiv(bsz * max(1, rs.capacity - rs.flush_period), rs.flush_period)))
+    bb = triton.next_power_of_2(bsz)
+    return ([_record(_commit_list_kernel, (1,))(idx, accepted, rs.cursor, lst, bsz, rs.flush_period, BLOCK_B=bb,
+                                                num_warps=4 if bb >= 256 else 1)]
+            + plan_fold(rs, A, idx, rs.flush_period, accepted, listed=(lst, nw)))
+
+
+def _commit_rows(rs, rows: int, device) -> torch.Tensor:
+    """The LIST commit's scratch [>= rows + 1] int32 (listed rows, then their count), kept on
+    the state object so one allocation serves every commit and a captured graph."""
+    t = getattr(rs, "_m2_commit_rows", None)
+    if t is None or t.numel() < rows + 1 or t.device != torch.device(device):
+        t = torch.empty(rows + 1, dtype=torch.int32, device=device)
+        rs._m2_commit_rows = t
+    return t
 
 
 def commit(rs, A, accepted, state_indices=None):

@@ -466,6 +466,53 @@ def test_verify_commit(device, case):
     verify_commit_cycles(device, TINY, *case)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("listed,rounds", [(True, 40), (False, 12)], ids=["list", "per-row"])
+def test_commit_routes_long_horizon(device, listed, rounds, monkeypatch):
+    """40 rounds (12 through the per-row route) of verify + commit with random accepts 0..T per row over random row subsets
+    (padded rows too), through the commit's two routes: the folding rows listed and folded by
+    NW workers per head (COMMIT_LIST, the default), and one fold program per row. Outputs,
+    drafts, cursors and checkpoints stay the reference's; many folds, several in one commit."""
+    from replayssm.triton import mamba2 as tk
+    monkeypatch.setitem(tk.OVERRIDE, "fold", {"list": listed})
+    T, K, slots, batch = 3, 4, 9, 6
+    g = gen(64)
+    rs, rr = make_pair(TINY, slots, K + T, K, "replay", "float32", None, torch.bfloat16, g)
+    p = params(TINY, g)
+    folds = multi = 0
+    for rnd in range(rounds):
+        idx = torch.randperm(slots, generator=g)[:batch].to(torch.int32)
+        idx[torch.rand(batch, generator=g) < 0.2] = -1
+        idx = idx.to(device)
+        inp = step_inputs(TINY, batch, torch.bfloat16, g, T=T)
+        y = M.verify(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
+        assert rel_err(y, R.mamba2_verify(rr, **inp, **p, state_indices=idx)) <= out_tol(torch.bfloat16), rnd
+        acc = torch.randint(0, T + 1, (batch,), generator=g).to(device=device, dtype=torch.int32)
+        live = idx >= 0
+        n = int((rr.cursor[idx[live].long()] + acc[live] >= K).sum())
+        folds, multi = folds + n, multi + (n > 1)
+        assert (tk.plan_commit(rs, p["A"], acc, idx)[0].kernel is tk._commit_list_kernel) == listed
+        M.commit(rs, p["A"], acc, state_indices=idx)
+        R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
+        state_check(rs, rr, f"round {rnd}")
+    assert folds >= rounds * 3 // 4 and multi >= rounds // 8, (folds, multi)
+
+
+def test_commit_list_plan():
+    """The listed commit's launches: one list program over the batch, then the fold with
+    NW = cdiv(rows * T, K) workers per head tile (T = capacity - K), NT rank slots each."""
+    from replayssm.state import Mamba2ReplayState
+    from replayssm.triton import mamba2 as tk
+    H, P, N, G, K, T = 96, 80, 128, 8, 16, 4
+    for batch, nw in ((128, 32), (512, 128), (3, 1)):
+        rs = Mamba2ReplayState.allocate(batch, H, P, N, G, K + T, K, "replay", "float32", None, torch.bfloat16,
+                                        "meta")
+        acc = torch.empty(batch, dtype=torch.int32, device="meta")
+        lst, fold = tk.plan_commit(rs, torch.empty(H, device="meta"), acc)
+        assert lst.kernel is tk._commit_list_kernel and lst.grid == (1,)
+        assert fold.grid[1:] == (H, nw) and fold.meta["LIST"] and fold.meta["NT"] == -(-batch // nw), batch
+
+
 # head dim 20 in a 16-row tile and a 16-row tail (12 rows masked), state columns in two 16-column steps
 TAILED = I.Mamba2Shape(nheads=4, head_dim=20, d_state=24, n_groups=2)
 
