@@ -186,10 +186,13 @@ OVERRIDE: dict[str, dict] = {}
 CURSOR_BLOCK = 256
 # Commit: list the folding rows first (one program) and fold them with a few workers per head
 # tile, instead of one fold program per (row, head tile) that mostly finds nothing to do
-# (plan_commit). OVERRIDE["fold"]["list"] (bool) for tuning. Up to COMMIT_LIST_MAX rows
-# (the list launch is one program over the batch; the key packs the row in 15 bits).
+# (plan_commit), up to COMMIT_LIST_MAX rows. OVERRIDE["fold"]["list"] (bool) for tuning. T4
+# round, H200, listed vs per-row (tools/tune_spec.py, tune_spec_s12k/l/m.txt): b32 Nano 74.1
+# vs 76.3 us, Super 71.5 vs 73.5; b128 Nano 243.3 vs 245.5, Super 238.6 vs 239.9, Nano dual bf16
+# 192.5 vs 194.0; b256 equal in fp32 (465.6, 454.7), dual 0.6 % slower (363.3 vs 361.0);
+# b512 Nano 911.7 vs 902.8 (Super equal): per-row above batch 128.
 COMMIT_LIST = True
-COMMIT_LIST_MAX = 4096
+COMMIT_LIST_MAX = 128
 # Verify: load the buffer tiles for all rows < min(K, L) before the cursor arrives (rows >= n
 # zeroed after): one dependent round trip less per program, up to K - n rows more read.
 VERIFY_EARLY_BUF = True

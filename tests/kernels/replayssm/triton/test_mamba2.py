@@ -499,18 +499,22 @@ def test_commit_routes_long_horizon(device, listed, rounds, monkeypatch):
 
 
 def test_commit_list_plan():
-    """The listed commit's launches: one list program over the batch, then the fold with
-    NW = cdiv(rows * T, K) workers per head tile (T = capacity - K), NT rank slots each."""
+    """The listed commit's launches up to COMMIT_LIST_MAX (128) rows: one list program over the
+    batch, then the fold with NW = cdiv(rows * T, K) workers per head tile (T = capacity - K),
+    NT rank slots each; above it the per-row fold and the cursor pass."""
     from replayssm.state import Mamba2ReplayState
     from replayssm.triton import mamba2 as tk
     H, P, N, G, K, T = 96, 80, 128, 8, 16, 4
-    for batch, nw in ((128, 32), (512, 128), (3, 1)):
+    for batch, nw in ((128, 32), (100, 25), (3, 1), (256, None)):
         rs = Mamba2ReplayState.allocate(batch, H, P, N, G, K + T, K, "replay", "float32", None, torch.bfloat16,
                                         "meta")
         acc = torch.empty(batch, dtype=torch.int32, device="meta")
-        lst, fold = tk.plan_commit(rs, torch.empty(H, device="meta"), acc)
-        assert lst.kernel is tk._commit_list_kernel and lst.grid == (1,)
-        assert fold.grid[1:] == (H, nw) and fold.meta["LIST"] and fold.meta["NT"] == -(-batch // nw), batch
+        first, second = tk.plan_commit(rs, torch.empty(H, device="meta"), acc)
+        if nw is None:
+            assert (first.kernel, second.kernel, first.grid[2]) == (tk._fold_kernel, tk._cursor_kernel, batch)
+            continue
+        assert first.kernel is tk._commit_list_kernel and first.grid == (1,)
+        assert second.grid[1:] == (H, nw) and second.meta["LIST"] and second.meta["NT"] == -(-batch // nw), batch
 
 
 # head dim 20 in a 16-row tile and a 16-row tail (12 rows masked), state columns in two 16-column steps
