@@ -338,10 +338,10 @@ def plan(args) -> list[dict]:
     out = [g(0, k, args.batch, "none", True, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
     out += [g(1, k, args.batch, "bfloat16", False, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
     out += [g(2, k, 32, "none", True, keep) for k in ("super", "q122b", "nano") if k in names]
-    prios = {int(p) for p in args.prio.split(",") if p}
-    if not prios <= {0, 1, 2}:
+    prios = {p.strip() for p in args.prio.split(",") if p.strip()}
+    if not prios <= {"0", "1", "2"}:
         raise SystemExit(f"--prio: {args.prio!r}; allowed: a comma list of 0, 1, 2")
-    return [grp for grp in out if grp["prio"] in prios]
+    return [grp for grp in out if str(grp["prio"]) in prios]
 
 
 def jobs_of(groups) -> list[tuple]:

@@ -469,10 +469,10 @@ def test_verify_commit(device, case):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("listed,rounds", [(True, 40), (False, 12)], ids=["list", "per-row"])
 def test_commit_routes_long_horizon(device, listed, rounds, monkeypatch):
-    """40 rounds (12 through the per-row route) of verify + commit with random accepts 0..T per row over random row subsets
-    (padded rows too), through the commit's two routes: the folding rows listed and folded by
-    NW workers per head (COMMIT_LIST, the default), and one fold program per row. Outputs,
-    drafts, cursors and checkpoints stay the reference's; many folds, several in one commit."""
+    """Rounds of verify + commit with random accepts 0..T per row over random row subsets
+    (padded rows too) through the commit's two routes: the folding rows listed and folded by
+    NW workers per head (COMMIT_LIST, the default; 40 rounds) and one fold program per row (12).
+    Outputs, cursors and checkpoints stay the reference's; many folds, several in one commit."""
     from replayssm.triton import mamba2 as tk
     monkeypatch.setitem(tk.OVERRIDE, "fold", {"list": listed})
     T, K, slots, batch = 3, 4, 9, 6
