@@ -7,7 +7,9 @@ Kernels (all CUDA-graph safe: fixed grids, every per-sequence decision on the de
                          optionally moves the cursor itself (atomic ticket)
     _replay_flush_kernel the second launch of the "split" route (tuning alternative): the
                          fold of the sequences that flush this step
-    _fold_kernel         fold committed entries into the checkpoint (flush and commit)
+    _fold_kernel         fold committed entries into the checkpoint (flush and commit; LIST:
+                         the rows _commit_list_kernel listed, by a few workers per head tile)
+    _commit_list_kernel  a commit's cursor moves and its list of folding rows (batch <= 128)
     _verify_kernel       T speculative drafts' outputs from checkpoint + buffer; writes drafts
     _cursor_kernel       the cursor pass that runs after the kernels above when they do
                          not move the cursor themselves (see below)
