@@ -83,7 +83,20 @@ def spec_table(df) -> pd.DataFrame:
 
 
 def fig_spec_speedup(st: pd.DataFrame, out_dir: Path, title_suffix: str = "") -> Path | None:
-    """Speedup over spec-perdraft vs batch, one panel per model: a line per (method, T)."""
+    """Speedup over spec-perdraft vs batch, one panel per model: a line per (method, T);
+    spec_speedup.png / .svg in out_dir (None: nothing to plot)."""
+    fig = spec_speedup_figure(st, title_suffix)
+    if fig is None:
+        return None
+    png = Path(out_dir) / "spec_speedup.png"
+    fig.savefig(png, dpi=150, bbox_inches="tight")
+    fig.savefig(Path(out_dir) / "spec_speedup.svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return png
+
+
+def spec_speedup_figure(st: pd.DataFrame, title_suffix: str = ""):
+    """fig_spec_speedup's figure (matplotlib Figure), or None when no row has a ratio."""
     st = st[(st["method"] != BASELINE) & st["vs_perdraft"].notna()]
     if st.empty:
         return None
@@ -93,6 +106,7 @@ def fig_spec_speedup(st: pd.DataFrame, out_dir: Path, title_suffix: str = "") ->
     fig, axes = plt.subplots(nrows, cols, figsize=(5.6 * cols, 3.8 * nrows), squeeze=False)
     windows = sorted(st["spec_window"].unique())
     cmap = plt.get_cmap("viridis")
+    handles = {}      # one legend for the figure, below the panels (it would cover lines inside them)
     for ax, model in zip(axes.flat, models):
         s = st[st["model"] == model]
         for (method, backend, T, acc), g in s.groupby(["method", "backend", "spec_window", "accept"], dropna=False):
@@ -111,16 +125,15 @@ def fig_spec_speedup(st: pd.DataFrame, out_dir: Path, title_suffix: str = "") ->
         ax.set_ylabel("speedup over per-draft slots (×)")
         ax.set_title(model, fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, frameon=False)
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
     for ax in list(axes.flat)[len(models):]:
         ax.axis("off")
     fig.suptitle("Speculative round time: per-draft baseline / method (same run)" + title_suffix, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    png = Path(out_dir) / "spec_speedup.png"
-    fig.savefig(png, dpi=150, bbox_inches="tight")
-    fig.savefig(Path(out_dir) / "spec_speedup.svg", bbox_inches="tight", metadata={"Date": None})
-    plt.close(fig)
-    return png
+    fig.legend(list(handles.values()), list(handles.keys()), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(3, len(handles)), fontsize=8, frameon=False)
+    return fig
 
 
 def memory_params(df) -> dict:

@@ -116,6 +116,24 @@ def test_report_spec_and_memory_sections(tmp_path):
     assert "SSM-state memory and max concurrency" in html and html.count("data:image/png;base64") >= 4
 
 
+def test_spec_speedup_figure_has_one_legend_below_the_panels():
+    """One figure-level legend (each line and the goal once), none inside a panel, where it
+    would cover lines."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from replaybench.report_spec import spec_speedup_figure
+    fig = spec_speedup_figure(spec_table(pd.DataFrame(_spec_rows())))
+    try:
+        assert all(ax.get_legend() is None for ax in fig.axes)
+        (legend,) = fig.legends
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert len(labels) == len(set(labels)) and any(lb.startswith("goal") for lb in labels)
+        assert any(lb.startswith("spec-replay/triton T=4") for lb in labels), labels
+    finally:
+        plt.close(fig)
+    assert spec_speedup_figure(spec_table(pd.DataFrame(_spec_rows())).iloc[0:0]) is None
+
+
 def test_spec_table_and_memory_params():
     import pandas as pd
     df = pd.DataFrame(_spec_rows())
