@@ -324,6 +324,9 @@ def plan(args) -> list[dict]:
         return ([g(0, k, 2, "none", True) for k in ("tm2", "tgdn")]
                 + [g(1, k, 2, "bfloat16", False, few(k)) for k in ("tm2", "tgdn")]
                 + [g(2, k, 3, "none", True, few(k)[:1]) for k in ("tm2", "tgdn")])
+    prios = {p.strip() for p in args.prio.split(",") if p.strip()}
+    if not prios <= {"0", "1", "2"}:
+        raise SystemExit(f"--prio: {args.prio!r}; allowed: a comma list of 0, 1, 2")
     names = [n for n in args.models.split(",") if n]
     for n in names:
         if n not in STUDY:
@@ -338,9 +341,6 @@ def plan(args) -> list[dict]:
     out = [g(0, k, args.batch, "none", True, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
     out += [g(1, k, args.batch, "bfloat16", False, keep) for k in ("super", "q122b", "nano", "q4b") if k in names]
     out += [g(2, k, 32, "none", True, keep) for k in ("super", "q122b", "nano") if k in names]
-    prios = {p.strip() for p in args.prio.split(",") if p.strip()}
-    if not prios <= {"0", "1", "2"}:
-        raise SystemExit(f"--prio: {args.prio!r}; allowed: a comma list of 0, 1, 2")
     return [grp for grp in out if str(grp["prio"]) in prios]
 
 

@@ -42,7 +42,7 @@ import triton.language as tl
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
 from .common import cast, prefetch_hint
-from .launch import cache_lines, last_contig
+from .launch import cache_lines, last_contig, state_scratch
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
@@ -1428,11 +1428,7 @@ def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
     a commit's (the flushing rows and their count). Kept on the state object, so one
     allocation serves every step and a captured graph: both callers ask for batch + 1, so a
     replay step and a commit at one batch size never reallocate it under each other's graphs."""
-    t = getattr(rs, "_gdn_nxt", None)
-    if t is None or t.numel() < batch + 1 or t.device != torch.device(device):
-        t = torch.empty(batch + 1, dtype=torch.int32, device=device)
-        rs._gdn_nxt = t
-    return t
+    return state_scratch(rs, "_gdn_nxt", batch + 1, device)
 
 
 def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):

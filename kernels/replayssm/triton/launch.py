@@ -1,5 +1,6 @@
 """Host-side pieces the kernel modules' launchers share: a recorded launch (run it, inspect it,
-or compile it offline without a GPU), and the argument normalisation before a launch."""
+or compile it offline without a GPU), the argument normalisation before a launch, and the
+per-state scratch tensors that a step's or commit's launches share."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,3 +44,14 @@ def cache_lines(t: torch.Tensor, row_elems: int) -> tuple[int, int]:
     elements of t's dtype: the shape of a prefetch hint over those rows (common.prefetch_hint)."""
     es = t.element_size()
     return triton.next_power_of_2(triton.cdiv(row_elems * es, 128)), max(1, 128 // es)
+
+
+def state_scratch(rs, name: str, numel: int, device) -> torch.Tensor:
+    """An int32 scratch tensor [>= numel] kept on the state object rs under attribute `name`:
+    one allocation serves every call and a captured CUDA graph (reallocated only when a call
+    needs more, or another device)."""
+    t = getattr(rs, name, None)
+    if t is None or t.numel() < numel or t.device != torch.device(device):
+        t = torch.empty(numel, dtype=torch.int32, device=device)
+        setattr(rs, name, t)
+    return t

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from .common import cast, prefetch_hint, silu, softplus
-from .launch import Launch, cache_lines, last_contig, out_like
+from .launch import Launch, cache_lines, last_contig, out_like, state_scratch
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
 
@@ -1367,22 +1367,12 @@ def plan_commit(rs, A, accepted, state_indices=None):
         bsz, device=accepted.device, dtype=torch.int32)
     if bsz == 0 or not OVERRIDE.get("fold", {}).get("list", COMMIT_LIST) or bsz > COMMIT_LIST_MAX:
         return plan_fold(rs, A, idx, rs.flush_period, accepted) + plan_cursor(rs, idx, bsz, 1, accepted)
-    lst = _commit_rows(rs, bsz, accepted.device)
+    lst = state_scratch(rs, "_m2_commit_rows", bsz + 1, accepted.device)   # listed rows, then their count
     nw = max(1, min(bsz, triton.cdiv(bsz * max(1, rs.capacity - rs.flush_period), rs.flush_period)))
     bb = triton.next_power_of_2(bsz)
     return ([_record(_commit_list_kernel, (1,))(idx, accepted, rs.cursor, lst, bsz, rs.flush_period, BLOCK_B=bb,
                                                 num_warps=4 if bb >= 256 else 1)]
             + plan_fold(rs, A, idx, rs.flush_period, accepted, listed=(lst, nw)))
-
-
-def _commit_rows(rs, rows: int, device) -> torch.Tensor:
-    """The LIST commit's scratch [>= rows + 1] int32 (listed rows, then their count), kept on
-    the state object so one allocation serves every commit and a captured graph."""
-    t = getattr(rs, "_m2_commit_rows", None)
-    if t is None or t.numel() < rows + 1 or t.device != torch.device(device):
-        t = torch.empty(rows + 1, dtype=torch.int32, device=device)
-        rs._m2_commit_rows = t
-    return t
 
 
 def commit(rs, A, accepted, state_indices=None):
