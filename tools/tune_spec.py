@@ -130,6 +130,12 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     "fold-w1": dict(fold=dict(warps=1)),
     "fold-b32w4": dict(fold=dict(block_p=32, warps=4)),
     "fold-b32w2": dict(fold=dict(block_p=32, warps=2)),
+    # session 13: each verify program prefetches into L2 (one bulk prefetch per state row) the
+    # state tile of the program next_pf launch positions later, so DRAM keeps streaming while the
+    # resident programs compute (common.successor_tile)
+    "next-pf264": dict(next_pf=264),
+    "next-pf528": dict(next_pf=528),
+    "next-pf1056": dict(next_pf=1056),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
@@ -222,6 +228,11 @@ GDN_VARIANTS: dict[str, dict] = {
     "d2p-v64w4-k16": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=64, F_num_warps=4, F_CHUNK_K=16)},
     "d2p-v128w4-k16": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=128, F_num_warps=4,
                                     F_CHUNK_K=16)},
+    # session 13: the verify program's L2 prefetch of its successor's state tile (as MAMBA2_VARIANTS'
+    # next-pf*; 4 verify programs per SM at 128 rows: 528 resident on the H200's 132 SMs)
+    "next-pf264": dict(NEXT_PF=264),
+    "next-pf528": dict(NEXT_PF=528),
+    "next-pf1056": dict(NEXT_PF=1056),
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

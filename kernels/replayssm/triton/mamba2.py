@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast, prefetch_hint, silu, softplus
+from .common import cast, l2_prefetch_ranges, prefetch_hint, silu, softplus, successor_tile
 from .launch import Launch, cache_lines, last_contig, out_like, state_scratch
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
@@ -939,7 +939,7 @@ def _verify_kernel(
     T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, TAIL_P: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr,
     RD_SCALE: tl.constexpr, S_PREC: tl.constexpr, BC_PREC: tl.constexpr, X_PREC: tl.constexpr,
-    EARLY_BUF: tl.constexpr, EXACT: tl.constexpr,
+    EARLY_BUF: tl.constexpr, EXACT: tl.constexpr, NEXT_PF: tl.constexpr = 0,
 ):
     """Outputs of T drafts for rows [pid_p*R, +R) of head h of batch row b (R = BLOCK_P +
     TAIL_P), from the read checkpoint tile (read once for all T), buffer rows 0..n-1 and the
@@ -962,13 +962,17 @@ def _verify_kernel(
     (exact products). Load order: the state chunks first (their address needs only the slot),
     then the drafts; with EARLY_BUF the buffer tiles are loaded for all BLOCK_L rows before
     the cursor arrives and rows >= n are selected away after (never multiplied: stale rows may
-    hold anything; one dependent round trip less, up to K - n rows more read).
+    hold anything; one dependent round trip less, up to K - n rows more read). NEXT_PF > 0:
+    once its own state is loaded, a program prefetches into L2 the state tile of the program
+    NEXT_PF launch positions later (common.successor_tile).
     """
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    if NEXT_PF > 0:
+        nx_p, nx_h, nx_slot, nx_ok = successor_tile(idx_ptr, NEXT_PF, HAS_IDX)
     offs_p = pid_p * (BLOCK_P + TAIL_P) + tl.arange(0, BLOCK_P)
     in_p = offs_p < P
     mask_p = in_p & live
@@ -1015,6 +1019,16 @@ def _verify_kernel(
             Yq = _mma_acc(Sq, CdT, Yq, S_PREC, EXACT)
         CB = _mma_acc(Bb, CdT, CB, BC_PREC, EXACT)
         CdB = _mma_acc(Bd, CdT, CdB, BC_PREC, EXACT)
+    if NEXT_PF > 0:   # one range per state row (N elements)
+        nx_base = rd_ptr + nx_slot * s_ck_s + nx_h * s_ck_h
+        nx_rows = nx_p * (BLOCK_P + TAIL_P) + tl.arange(0, BLOCK_P)
+        nx_row_bytes: tl.constexpr = N * (rd_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        l2_prefetch_ranges(nx_base + nx_rows * s_ck_p, tl.full([BLOCK_P], nx_row_bytes, tl.int32),
+                           nx_ok & (nx_rows < P), EXACT)
+        if TAIL_P > 0:
+            nx_rows_q = nx_p * (BLOCK_P + TAIL_P) + BLOCK_P + tl.arange(0, TP)
+            l2_prefetch_ranges(nx_base + nx_rows_q * s_ck_p, tl.full([TP], nx_row_bytes, tl.int32),
+                               nx_ok & (nx_rows_q < P), EXACT)
 
     # drafts' other inputs, then the buffer's dt and x
     A = tl.load(A_ptr + h).to(tl.float32)
@@ -1434,7 +1448,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
         EARLY_BUF=bool(early_buf), EXACT=_interpreting(), num_warps=ov.get("warps", warps),
-        **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {}))
+        NEXT_PF=int(ov.get("next_pf", 0)), **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {}))
     return [launch], y
 
 

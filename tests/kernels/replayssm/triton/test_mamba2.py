@@ -526,7 +526,7 @@ def test_verify_tail_tile(device, monkeypatch):
     """A whole head per program as a BLOCK_P tile plus a tail tile (Nano's 80 rows = 64 + 16):
     the plan's tiles, then verify + commit cycles against the reference."""
     from replayssm.triton import mamba2 as tk
-    monkeypatch.setitem(tk.OVERRIDE, "verify", dict(block_p=16, whole=True, chunk_n=16))
+    monkeypatch.setitem(tk.OVERRIDE, "verify", dict(block_p=16, whole=True, chunk_n=16, next_pf=2))
     rs, _ = make_pair(TAILED, 7, 7, 3, "replay", "float32", None, torch.bfloat16, gen(61))
     inp = step_inputs(TAILED, 4, torch.bfloat16, gen(62), T=4)
     (launch,), _ = tk.plan_verify(rs, **inp, **params(TAILED, gen(63)))
