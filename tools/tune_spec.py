@@ -233,6 +233,12 @@ GDN_VARIANTS: dict[str, dict] = {
     "next-pf264": dict(NEXT_PF=264),
     "next-pf528": dict(NEXT_PF=528),
     "next-pf1056": dict(NEXT_PF=1056),
+    # session 13: the state chunks through a TMA descriptor (one copy per chunk; sm_90: fp32 210
+    # registers instead of 235, 198 under a 200 budget = 5 programs per SM with its 43 KiB)
+    "tma": dict(TMA=True),
+    "tma-r200": dict(TMA=True, maxnreg=200),
+    "tma-r184": dict(TMA=True, maxnreg=184),
+    "no-tma": dict(TMA=False),           # the table's TMA_T (16-bit read copies at T 4) off
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
@@ -379,8 +385,8 @@ def copy_ceiling(dev: str) -> float:
 def launch_desc(case, model) -> str:
     """The verify launch the current OVERRIDE resolves to at the case's dims (planned on the
     'meta' device, nothing runs): Mamba-2 'P<rows>[+<tail rows>] n<state cols per MMA> w<warps> <s_prec>[ M]
-    x:<x_prec> early|late', GDN 'V<rows> w<warps> k<dk per MMA> <s_prec> early|late' (+ other
-    *PREC constexprs)."""
+    x:<x_prec> early|late [r<maxnreg>] [pf<next_pf>]', GDN 'V<rows> w<warps> k<dk per MMA> <s_prec>
+    early|late' (+ other *PREC constexprs, s<stages>, r<maxnreg>, tma, pf<NEXT_PF>)."""
     from replaybench.runners.spec import spec_inputs
     from replayssm.state import GDNReplayState, Mamba2ReplayState
     d, T, L = model.ssm, case.spec_window, case.buffer_len
@@ -402,7 +408,8 @@ def launch_desc(case, model) -> str:
         return (f"P{m['BLOCK_P']}{'+' + str(m['TAIL_P']) if m.get('TAIL_P') else ''} n{m['BLOCK_N']}"
                 f" w{m['num_warps']} {m['S_PREC']}"
                 f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}"
-                f"{' r' + str(m['maxnreg']) if m.get('maxnreg') else ''}")
+                f"{' r' + str(m['maxnreg']) if m.get('maxnreg') else ''}"
+                f"{' pf' + str(m['NEXT_PF']) if m.get('NEXT_PF') else ''}")
     gk = _module("gdn")
     rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
                                  mode, "float32", lo, torch.bfloat16, "meta")
@@ -420,6 +427,10 @@ def launch_desc(case, model) -> str:
         extra.append(f"s{m['num_stages']}")
     if "maxnreg" in m:
         extra.append(f"r{m['maxnreg']}")
+    if m.get("TMA"):
+        extra.append("tma")
+    if m.get("NEXT_PF"):
+        extra.append(f"pf{m['NEXT_PF']}")
     return " ".join([out] + extra)
 
 

@@ -38,6 +38,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
@@ -137,8 +138,12 @@ CONFIGS: dict[str, list[tuple]] = {
     # without spilling on sm_90 (T 2, 3, 5-8: 4-16 bytes). T 6 (ptxas alone: 186 registers, 5 per
     # SM) runs faster under it despite a 12-byte spill: b256 Qwen3.5-122B 617 vs 666 us, Qwen3.5-4B
     # 328 vs 352 (session 12, tune_spec_s12e_T6.txt); T 2 compiles to 168 without a budget (with
-    # one: a 4-byte spill, 369 vs 366 us, _s12d_T2.txt). Other T: not timed, no budget
-    "verify:2": [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64, "MAXNREG_T": {4: 168, 6: 168}})],
+    # one: a 4-byte spill, 369 vs 366 us, _s12d_T2.txt). Other T: not timed, no budget.
+    # TMA_T: the T whose state chunks come through a TMA descriptor (session 13, T4 round, dual
+    # bf16: Qwen3.5-4B b128 140.7 vs 144.6 us, b256 263.0 vs 268.8; Qwen3.5-122B b128 259.3 vs
+    # 264.5, b256 498.8 vs 504.9; tune_spec_s13c.txt, _s13d.txt; a 4-byte spill under the budget).
+    # fp32 read copies lose with it (Qwen3.5-4B b128 142.5 vs 140.2), so "verify" has none
+    "verify:2": [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64, "MAXNREG_T": {4: 168, 6: 168}, "TMA_T": (4,)})],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
@@ -1145,17 +1150,20 @@ def _gdn_dual_2pass_kernel(
 
 # ----------------------------------------------------------------------------- verify
 @triton.jit
-def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol,
+def _verify_dk_loop(rd_ptr, rd_desc, row0, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol,
                     skb, skt, skh, sqb, sqt, sqh,
                     BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
                     DK: tl.constexpr, HK: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
-                    INTERP: tl.constexpr):
+                    TMA: tl.constexpr, INTERP: tl.constexpr):
     """Dots over dk in chunks of BLOCK_K columns (loads feed the MMAs; no tile is ever whole in
     registers), with the drafts packed as one operand P [BP, dk]: rows kcol = the raw draft keys,
     rows qcol = the raw draft queries (one MMA per product where separate k and q operands,
     each padded to 16 rows, took two). Returns SP = S P^T [BV, BP] of the state rows row_off,
     GP = Kb P^T [L, BP] (stored buffer keys), PP = P P^T [BP, BP], the squared norms nP [BP]
-    and nkb [L]."""
+    and nkb [L]. TMA: the state chunks come through rd_desc (a TMA descriptor over the read
+    copy as [rows, dk], block [BLOCK_V, BLOCK_K]) from row row0 (int32): one copy instruction per
+    chunk instead of per-thread vector loads (rows past the head or of a null slot are read
+    from wherever they point, never stored)."""
     SP = tl.zeros([BLOCK_V, BLOCK_P], tl.float32)
     GP = tl.zeros([BLOCK_L, BLOCK_P], tl.float32)
     PP = tl.zeros([BLOCK_P, BLOCK_P], tl.float32)
@@ -1170,8 +1178,11 @@ def _verify_dk_loop(rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm
                      mask=qcol[:, None] & cmask[None, :], other=0.0)
         P = tl.where(kcol[:, None], pk, pq)
         PT = tl.trans(P)
-        S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :],
-                    other=0.0, eviction_policy="evict_first")
+        if TMA:
+            S = rd_desc.load([row0, c0])
+        else:
+            S = tl.load(rd_ptr + row_off[:, None] * DK + cols[None, :], mask=lrows[:, None] & cmask[None, :],
+                        other=0.0, eviction_policy="evict_first")
         SP = mma_acc(S, PT, SP, S_PREC, INTERP)
         kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
                      other=0.0)
@@ -1256,7 +1267,7 @@ def _verify_rows(SP, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_p
 
 @triton.jit
 def _gdn_verify_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr, rd_desc,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sgh, sbb, sbt, sbh, sob, sot, soh,
     scale,
@@ -1264,7 +1275,7 @@ def _gdn_verify_kernel(
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
     EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    NEXT_PF: tl.constexpr = 0,
+    NEXT_PF: tl.constexpr = 0, TMA: tl.constexpr = False,
 ):
     """All T draft outputs for [BLOCK_V, dk] state tiles from the read checkpoint and the
     buffer, in matrix form. The drafts are packed as columns of one operand: column j < T is
@@ -1315,9 +1326,10 @@ def _gdn_verify_kernel(
     rmask = rows < DV
     lrows = rmask & live
     row_off = (slot64 * HV + h) * DV + rows
+    row0 = ((slot64 * HV + h) * DV + pid_v * BLOCK_V).to(tl.int32)      # TMA: the tile's first row
     SP, GP, PP, nP, nkb = _verify_dk_loop(
-        rd_ptr, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol, skb, skt, skh, sqb, sqt, sqh,
-        BLOCK_V, BLOCK_P, BLOCK_L, BLOCK_K, DK, HK, S_PREC, K_PREC, INTERP)
+        rd_ptr, rd_desc, row0, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol, skb, skt, skh, sqb, sqt, sqh,
+        BLOCK_V, BLOCK_P, BLOCK_L, BLOCK_K, DK, HK, S_PREC, K_PREC, TMA, INTERP)
     if NEXT_PF > 0:
         nx_rows = nx_v * BLOCK_V + tl.arange(0, BLOCK_V)
         nx_row_bytes: tl.constexpr = DK * (rd_ptr.dtype.element_ty.primitive_bitwidth // 8)
@@ -1605,14 +1617,20 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     rd, rd_sc, rd_fp8 = _ckpt_args(rs.read_ckpt)
     buf, dual = _buffer_args(rs)
     idx = _rows_index(state_indices, batch, v.device)
-    args = [q, k, v, g, beta, o, idx, rd, rd_sc, *buf, rs.cursor, *_strides(q, k, v, g, beta, o, dims=3), scale]
+    tma = bool(cfg.get("TMA", T in cfg.get("TMA_T", ())))
+    if tma:   # the read copy as [rows, dk] (row numbers are int32 in the descriptor)
+        if rd.numel() // dk >= 1 << 31:
+            raise ValueError(f"verify TMA: {rd.numel() // dk} state rows > 2^31 - 1")
+        rd_desc = TensorDescriptor.from_tensor(rd.view(-1, dk), [cfg["BLOCK_V"], cfg["BLOCK_K"]])
+    args = [q, k, v, g, beta, o, idx, rd, rd_sc, rd_desc if tma else rd, *buf, rs.cursor,
+            *_strides(q, k, v, g, beta, o, dims=3), scale]
     meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
                         BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
                         BLOCK_P=block_p, RD_FP8=rd_fp8, DUAL=dual,
                         S_PREC=cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype),
                         K_PREC=_f32_precision(rs.k.dtype, k.dtype), EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
                         SMALL_PREC=cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32)),
-                        NEXT_PF=int(cfg.get("NEXT_PF", 0)))
+                        NEXT_PF=int(cfg.get("NEXT_PF", 0)), TMA=tma)
     _launch_options(meta, cfg)
     return _gdn_verify_kernel, (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch), args, meta
 

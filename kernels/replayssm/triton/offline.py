@@ -3,6 +3,8 @@ argument specialisation, written out as a Triton signature, and the compile + re
 from __future__ import annotations
 
 import torch
+from triton.runtime.jit import mangle_type
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 TL_TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16",
             torch.float8_e4m3fn: "fp8e4nv", torch.int32: "i32", torch.int64: "i64"}
@@ -10,7 +12,7 @@ TL_TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16"
 
 def signature(arg_names, args, meta: dict) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) for triton's ASTSource, specialising as the JIT does at
-    launch: tensors 16-byte aligned, ints divisible by 16 marked so, ints equal to 1 and bools
+    launch: tensors 16-byte aligned (TMA descriptors typed by dtype and block), ints divisible by 16 marked so, ints equal to 1 and bools
     constant; every key of `meta` (the launch's constexprs, num_warps removed) a constexpr."""
     sig, consts, attrs = {}, dict(meta), {}
     for i, (name, a) in enumerate(zip(arg_names, args)):
@@ -28,6 +30,8 @@ def signature(arg_names, args, meta: dict) -> tuple[dict, dict, dict]:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(a, float):
             sig[name] = "fp32"
+        elif isinstance(a, TensorDescriptor):       # a host-side TMA descriptor ("tensordesc<...>")
+            sig[name] = mangle_type(a)
         else:
             raise TypeError(f"argument {name}: {type(a).__name__}")
     for name in meta:
