@@ -1328,7 +1328,8 @@ def _gdn_verify_kernel(
     row_off = (slot64 * HV + h) * DV + rows
     row0 = ((slot64 * HV + h) * DV + pid_v * BLOCK_V).to(tl.int32)      # TMA: the tile's first row
     SP, GP, PP, nP, nkb = _verify_dk_loop(
-        rd_ptr, rd_desc, row0, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol, skb, skt, skh, sqb, sqt, sqh,
+        rd_ptr, rd_desc, row0, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol,
+        skb, skt, skh, sqb, sqt, sqh,
         BLOCK_V, BLOCK_P, BLOCK_L, BLOCK_K, DK, HK, S_PREC, K_PREC, TMA, INTERP)
     if NEXT_PF > 0:
         nx_rows = nx_v * BLOCK_V + tl.arange(0, BLOCK_V)

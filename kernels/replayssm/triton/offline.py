@@ -12,8 +12,9 @@ TL_TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16"
 
 def signature(arg_names, args, meta: dict) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) for triton's ASTSource, specialising as the JIT does at
-    launch: tensors 16-byte aligned (TMA descriptors typed by dtype and block), ints divisible by 16 marked so, ints equal to 1 and bools
-    constant; every key of `meta` (the launch's constexprs, num_warps removed) a constexpr."""
+    launch: tensors 16-byte aligned, TMA descriptors typed by dtype and block, ints divisible by
+    16 marked so, ints equal to 1 and bools constant; every key of `meta` (the launch's
+    constexprs, num_warps removed) a constexpr."""
     sig, consts, attrs = {}, dict(meta), {}
     for i, (name, a) in enumerate(zip(arg_names, args)):
         if isinstance(a, torch.Tensor):
