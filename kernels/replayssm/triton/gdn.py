@@ -139,11 +139,15 @@ CONFIGS: dict[str, list[tuple]] = {
     # SM) runs faster under it despite a 12-byte spill: b256 Qwen3.5-122B 617 vs 666 us, Qwen3.5-4B
     # 328 vs 352 (session 12, tune_spec_s12e_T6.txt); T 2 compiles to 168 without a budget (with
     # one: a 4-byte spill, 369 vs 366 us, _s12d_T2.txt). Other T: not timed, no budget.
-    # TMA_T: the T whose state chunks come through a TMA descriptor (session 13, T4 round, dual
-    # bf16: Qwen3.5-4B b128 140.7 vs 144.6 us, b256 263.0 vs 268.8; Qwen3.5-122B b128 259.3 vs
-    # 264.5, b256 498.8 vs 504.9; tune_spec_s13c.txt, _s13d.txt; a 4-byte spill under the budget).
-    # fp32 read copies lose with it (Qwen3.5-4B b128 142.5 vs 140.2), so "verify" has none
-    "verify:2": [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64, "MAXNREG_T": {4: 168, 6: 168}, "TMA_T": (4,)})],
+    # TMA_T: the T whose state chunks come through a TMA descriptor (session 13, dual bf16 rounds,
+    # Qwen3.5-4B / Qwen3.5-122B, us with vs without: T4 b32 60.7 / 62.4, 76.8 / 79.3; b128 140.7 /
+    # 144.6, 259.3 / 264.5; b256 263.0 / 268.8, 498.8 / 504.9; b512 500.8 / 510.7, 969.2 / 982.5;
+    # b256 T2 190.6 / 196.3, 354.7 / 363.9; T6 324.6 / 328.7, 612.5 / 617.4; tune_spec_s13c-g).
+    # Under the budget it adds a 4-byte spill at T4 (16 bytes at T6, 12 without). T5 would take
+    # 255 registers with it (186 without); T3 / T8 fewer; untimed, so off. fp32 read copies lose
+    # with it (Qwen3.5-4B b128 142.5 vs 140.2 us), so "verify" has none
+    "verify:2": [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64, "MAXNREG_T": {4: 168, 6: 168},
+                                            "TMA_T": (2, 4, 6)})],
 }
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
