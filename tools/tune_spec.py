@@ -130,12 +130,9 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     "fold-w1": dict(fold=dict(warps=1)),
     "fold-b32w4": dict(fold=dict(block_p=32, warps=4)),
     "fold-b32w2": dict(fold=dict(block_p=32, warps=2)),
-    # session 13: each verify program prefetches into L2 (one bulk prefetch per state row) the
-    # state tile of the program next_pf launch positions later, so DRAM keeps streaming while the
-    # resident programs compute (common.successor_tile)
-    "next-pf264": dict(next_pf=264),
-    "next-pf528": dict(next_pf=528),
-    "next-pf1056": dict(next_pf=1056),
+    # session 13: the verify's state chunks through TMA descriptors (plan_verify's "tma"): one
+    # copy per chunk (and one per tail chunk) instead of per-thread vector loads
+    "tma": dict(tma=True),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
@@ -228,11 +225,6 @@ GDN_VARIANTS: dict[str, dict] = {
     "d2p-v64w4-k16": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=64, F_num_warps=4, F_CHUNK_K=16)},
     "d2p-v128w4-k16": {"fold": dict(COMMIT_FOLD=False, F_TWO_PASS=True, F_BLOCK_V=128, F_num_warps=4,
                                     F_CHUNK_K=16)},
-    # session 13: the verify program's L2 prefetch of its successor's state tile (as MAMBA2_VARIANTS'
-    # next-pf*; 4 verify programs per SM at 128 rows: 528 resident on the H200's 132 SMs)
-    "next-pf264": dict(NEXT_PF=264),
-    "next-pf528": dict(NEXT_PF=528),
-    "next-pf1056": dict(NEXT_PF=1056),
     # session 13: the state chunks through a TMA descriptor (one copy per chunk; sm_90: fp32 210
     # registers instead of 235, 198 under a 200 budget = 5 programs per SM with its 43 KiB)
     "tma": dict(TMA=True),
@@ -385,8 +377,8 @@ def copy_ceiling(dev: str) -> float:
 def launch_desc(case, model) -> str:
     """The verify launch the current OVERRIDE resolves to at the case's dims (planned on the
     'meta' device, nothing runs): Mamba-2 'P<rows>[+<tail rows>] n<state cols per MMA> w<warps> <s_prec>[ M]
-    x:<x_prec> early|late [r<maxnreg>] [pf<next_pf>]', GDN 'V<rows> w<warps> k<dk per MMA> <s_prec>
-    early|late' (+ other *PREC constexprs, s<stages>, r<maxnreg>, tma, pf<NEXT_PF>)."""
+    x:<x_prec> early|late [r<maxnreg>] [tma]', GDN 'V<rows> w<warps> k<dk per MMA> <s_prec>
+    early|late' (+ other *PREC constexprs, s<stages>, r<maxnreg>, tma)."""
     from replaybench.runners.spec import spec_inputs
     from replayssm.state import GDNReplayState, Mamba2ReplayState
     d, T, L = model.ssm, case.spec_window, case.buffer_len
@@ -409,7 +401,7 @@ def launch_desc(case, model) -> str:
                 f" w{m['num_warps']} {m['S_PREC']}"
                 f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}"
                 f"{' r' + str(m['maxnreg']) if m.get('maxnreg') else ''}"
-                f"{' pf' + str(m['NEXT_PF']) if m.get('NEXT_PF') else ''}")
+                f"{' tma' if m.get('TMA') else ''}")
     gk = _module("gdn")
     rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
                                  mode, "float32", lo, torch.bfloat16, "meta")
@@ -429,8 +421,6 @@ def launch_desc(case, model) -> str:
         extra.append(f"r{m['maxnreg']}")
     if m.get("TMA"):
         extra.append("tma")
-    if m.get("NEXT_PF"):
-        extra.append(f"pf{m['NEXT_PF']}")
     return " ".join([out] + extra)
 
 

@@ -1,6 +1,6 @@
 """Elementwise @triton.jit helpers shared by the kernel modules (triton/mamba2.py, gdn.py,
-perdraft.py): the dt softplus and SiLU of the reference, stores that round exactly like
-the GPU also under Triton's CPU interpreter, and prefetch hints (no-ops when interpreting)."""
+perdraft.py): the dt softplus and SiLU of the reference, and stores that round exactly like
+the GPU also under Triton's CPU interpreter."""
 from __future__ import annotations
 
 import triton
@@ -71,37 +71,3 @@ def prefetch_hint(base, starts, LPR: tl.constexpr, LS: tl.constexpr, PF: tl.cons
             else:
                 tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                                           dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def l2_prefetch_ranges(starts, nbytes, on, INTERP: tl.constexpr):
-    """Bulk L2 prefetch (sm_90 `cp.async.bulk.prefetch.L2`) of the contiguous byte ranges at
-    pointers `starts` [R] (16-byte aligned), `nbytes` each (a multiple of 16), where `on` [R]:
-    one instruction per range, no registers held after issue, never faults. The data is
-    only hinted into L2; a later load of the same addresses may hit there. No-op when
-    interpreting."""
-    if not INTERP:
-        tl.inline_asm_elementwise(
-            "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $3, 0;\n\t"
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;\n\t}",
-            "=r,l,r,r", [starts, nbytes, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def successor_tile(idx_ptr, DIST, HAS_IDX: tl.constexpr = True):
-    """Where the program DIST launch positions after this one works, in a grid (row tiles,
-    heads, batch) whose batch rows map to state slots idx[b] (negative = null; HAS_IDX False:
-    slot b): (its row tile, head, slot (int64, >= 0), ok). ok is False past the grid's end or at a null slot.
-    Blocks are dispatched about in launch order, so a program that prefetches its successor's
-    state into L2 (DIST about the programs resident at once) keeps DRAM busy while it computes."""
-    nv = tl.num_programs(0)
-    nh = tl.num_programs(1)
-    total = nv * nh * tl.num_programs(2).to(tl.int64)
-    lin = tl.program_id(0) + nv * (tl.program_id(1) + nh * tl.program_id(2).to(tl.int64)) + DIST
-    ok = lin < total
-    lin = tl.minimum(lin, total - 1)
-    if HAS_IDX:
-        slot = tl.load(idx_ptr + lin // (nv * nh))
-    else:
-        slot = lin // (nv * nh)
-    return lin % nv, (lin // nv) % nh, tl.maximum(slot, 0).to(tl.int64), ok & (slot >= 0)

@@ -42,7 +42,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
-from .common import cast, l2_prefetch_ranges, prefetch_hint, successor_tile
+from .common import cast, prefetch_hint
 from .launch import cache_lines, last_contig, state_scratch
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
@@ -1279,7 +1279,7 @@ def _gdn_verify_kernel(
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
     EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    NEXT_PF: tl.constexpr = 0, TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False,
 ):
     """All T draft outputs for [BLOCK_V, dk] state tiles from the read checkpoint and the
     buffer, in matrix form. The drafts are packed as columns of one operand: column j < T is
@@ -1300,15 +1300,12 @@ def _gdn_verify_kernel(
     the (per-head) Gram matrices together, so the state loads go first. EARLY_BUF loads the
     buffer rows < BLOCK_L before the cursor arrives; rows >= n are selected away (never
     multiplied). No per-draft state; drafts written to the buffer at n..n+T-1 (u; k, g once;
-    dual: v, beta). NEXT_PF > 0: once its own state is loaded, a program prefetches into L2 the
-    state tile of the program NEXT_PF launch positions later (common.successor_tile).
+    dual: v, beta). TMA: the state chunks through a TMA descriptor (_verify_dk_loop).
     """
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     GROUP: tl.constexpr = HV // HK
-    if NEXT_PF > 0:
-        nx_v, nx_h, nx_slot, nx_ok = successor_tile(idx_ptr, NEXT_PF)
     kh = h // GROUP
     pc = tl.arange(0, BLOCK_P)
     kcol0 = pc < T
@@ -1335,11 +1332,6 @@ def _gdn_verify_kernel(
         rd_ptr, rd_desc, row0, row_off, lrows, k_ptr, q_ptr, kb_ptr, b, kh, ent, lm, dj, kcol, qcol,
         skb, skt, skh, sqb, sqt, sqh,
         BLOCK_V, BLOCK_P, BLOCK_L, BLOCK_K, DK, HK, S_PREC, K_PREC, TMA, INTERP)
-    if NEXT_PF > 0:
-        nx_rows = nx_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        nx_row_bytes: tl.constexpr = DK * (rd_ptr.dtype.element_ty.primitive_bitwidth // 8)
-        l2_prefetch_ranges(rd_ptr + ((nx_slot * HV + nx_h) * DV + nx_rows) * DK,
-                           tl.full([BLOCK_V], nx_row_bytes, tl.int32), nx_ok & (nx_rows < DV), INTERP)
     gp = tl.load(g_ptr + b * sgb + dj * sgt + h * sgh, mask=kcol | qcol, other=0.0).to(tl.float32)
     bp = tl.load(beta_ptr + b * sbb + dj * sbt + h * sbh, mask=kcol, other=0.0).to(tl.float32)
     gch = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
@@ -1635,7 +1627,7 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                         S_PREC=cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype),
                         K_PREC=_f32_precision(rs.k.dtype, k.dtype), EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
                         SMALL_PREC=cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32)),
-                        NEXT_PF=int(cfg.get("NEXT_PF", 0)), TMA=tma)
+                        TMA=tma)
     _launch_options(meta, cfg)
     return _gdn_verify_kernel, (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch), args, meta
 

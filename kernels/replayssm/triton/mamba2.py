@@ -46,8 +46,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .common import cast, l2_prefetch_ranges, prefetch_hint, silu, softplus, successor_tile
+from .common import cast, prefetch_hint, silu, softplus
 from .launch import Launch, cache_lines, last_contig, out_like, state_scratch
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
@@ -930,7 +931,7 @@ def _verify_tile_out(Y, offs_p, mask_p, in_p, XbT, XdT, W, Wd, decay, mask_l, Dh
 @triton.jit
 def _verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
-    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, rd_ptr, rd_sc_ptr,
+    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, rd_ptr, rd_sc_ptr, rd_desc, rd_desc_q,
     P, N: tl.constexpr, L, HPG,
     s_x_b, s_x_t, s_x_h, s_dt_b, s_dt_t, s_B_b, s_B_t, s_B_g, s_C_b, s_C_t, s_C_g,
     s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h,
@@ -939,7 +940,7 @@ def _verify_kernel(
     T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, TAIL_P: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr,
     RD_SCALE: tl.constexpr, S_PREC: tl.constexpr, BC_PREC: tl.constexpr, X_PREC: tl.constexpr,
-    EARLY_BUF: tl.constexpr, EXACT: tl.constexpr, NEXT_PF: tl.constexpr = 0,
+    EARLY_BUF: tl.constexpr, EXACT: tl.constexpr, TMA: tl.constexpr = False,
 ):
     """Outputs of T drafts for rows [pid_p*R, +R) of head h of batch row b (R = BLOCK_P +
     TAIL_P), from the read checkpoint tile (read once for all T), buffer rows 0..n-1 and the
@@ -962,17 +963,16 @@ def _verify_kernel(
     (exact products). Load order: the state chunks first (their address needs only the slot),
     then the drafts; with EARLY_BUF the buffer tiles are loaded for all BLOCK_L rows before
     the cursor arrives and rows >= n are selected away after (never multiplied: stale rows may
-    hold anything; one dependent round trip less, up to K - n rows more read). NEXT_PF > 0:
-    once its own state is loaded, a program prefetches into L2 the state tile of the program
-    NEXT_PF launch positions later (common.successor_tile).
+    hold anything; one dependent round trip less, up to K - n rows more read). TMA: the state
+    chunks through TMA descriptors over the read copy as [rows, N] (rd_desc: [BLOCK_P, BLOCK_N]
+    blocks, rd_desc_q: the tail's [TAIL_P, BLOCK_N]): one copy per chunk; rows past the head or
+    of a null slot are read from wherever they point (their outputs are never stored).
     """
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
-    if NEXT_PF > 0:
-        nx_p, nx_h, nx_slot, nx_ok = successor_tile(idx_ptr, NEXT_PF, HAS_IDX)
     offs_p = pid_p * (BLOCK_P + TAIL_P) + tl.arange(0, BLOCK_P)
     in_p = offs_p < P
     mask_p = in_p & live
@@ -981,6 +981,7 @@ def _verify_kernel(
     in_q = offs_q < P
     mask_q = in_q & live
     ck_base = slot * s_ck_s + h * s_ck_h
+    row0 = ((slot * tl.num_programs(1) + h) * P + pid_p * (BLOCK_P + TAIL_P)).to(tl.int32)   # TMA: first row
     offs_t = tl.arange(0, BLOCK_T)
     mask_t = (offs_t < T) & live
     offs_l = tl.arange(0, BLOCK_L)
@@ -1002,11 +1003,16 @@ def _verify_kernel(
     for c0 in tl.range(0, N, BLOCK_N):
         offs_n = c0 + tl.arange(0, BLOCK_N)
         in_n = offs_n < N
-        S = tl.load(rd_ptr + ck_base + offs_p[:, None] * s_ck_p + offs_n[None, :],
-                    mask=mask_p[:, None] & in_n[None, :], other=0.0)
-        if TAIL_P > 0:
-            Sq = tl.load(rd_ptr + ck_base + offs_q[:, None] * s_ck_p + offs_n[None, :],
-                         mask=mask_q[:, None] & in_n[None, :], other=0.0)
+        if TMA:
+            S = rd_desc.load([row0, c0])
+            if TAIL_P > 0:
+                Sq = rd_desc_q.load([row0 + BLOCK_P, c0])
+        else:
+            S = tl.load(rd_ptr + ck_base + offs_p[:, None] * s_ck_p + offs_n[None, :],
+                        mask=mask_p[:, None] & in_n[None, :], other=0.0)
+            if TAIL_P > 0:
+                Sq = tl.load(rd_ptr + ck_base + offs_q[:, None] * s_ck_p + offs_n[None, :],
+                             mask=mask_q[:, None] & in_n[None, :], other=0.0)
         CdT = tl.trans(tl.load(C_ptr + b * s_C_b + offs_t[:, None] * s_C_t + g * s_C_g + offs_n[None, :],
                                mask=mask_t[:, None] & in_n[None, :], other=0.0))                    # [BN, BT]
         Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
@@ -1019,16 +1025,6 @@ def _verify_kernel(
             Yq = _mma_acc(Sq, CdT, Yq, S_PREC, EXACT)
         CB = _mma_acc(Bb, CdT, CB, BC_PREC, EXACT)
         CdB = _mma_acc(Bd, CdT, CdB, BC_PREC, EXACT)
-    if NEXT_PF > 0:   # one range per state row (N elements)
-        nx_base = rd_ptr + nx_slot * s_ck_s + nx_h * s_ck_h
-        nx_rows = nx_p * (BLOCK_P + TAIL_P) + tl.arange(0, BLOCK_P)
-        nx_row_bytes: tl.constexpr = N * (rd_ptr.dtype.element_ty.primitive_bitwidth // 8)
-        l2_prefetch_ranges(nx_base + nx_rows * s_ck_p, tl.full([BLOCK_P], nx_row_bytes, tl.int32),
-                           nx_ok & (nx_rows < P), EXACT)
-        if TAIL_P > 0:
-            nx_rows_q = nx_p * (BLOCK_P + TAIL_P) + BLOCK_P + tl.arange(0, TP)
-            l2_prefetch_ranges(nx_base + nx_rows_q * s_ck_p, tl.full([TP], nx_row_bytes, tl.int32),
-                               nx_ok & (nx_rows_q < P), EXACT)
 
     # drafts' other inputs, then the buffer's dt and x
     A = tl.load(A_ptr + h).to(tl.float32)
@@ -1410,7 +1406,7 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
     """([launch], y) of speculative verification; see verify. Grid (cdiv(P, R), H, b): one
     [R, N] state tile per program, R = BLOCK_P from CONFIG_TABLE["verify"] (or
-    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n, maxnreg), every
+    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n, maxnreg, tma), every
     tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
     OVERRIDE) adds a tail tile of next_pow2(P - BLOCK_P) rows (>= 16) when BLOCK_P < P:
     R = BLOCK_P + tail."""
@@ -1431,12 +1427,19 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     block_l = max(16, _np2(min(rs.flush_period, L)))   # committed entries only: n <= K - 1 before a verify
     block_n = max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N)))   # state columns per MMA step
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
+    tma = bool(ov.get("tma", False))
+    if tma:   # the read copy as [rows, N] (row numbers are int32 in the descriptors)
+        if rd_d.numel() // N >= 1 << 31:
+            raise ValueError(f"verify tma: {rd_d.numel() // N} state rows > 2^31 - 1")
+        descs = [TensorDescriptor.from_tensor(rd_d.view(-1, N), [r, block_n]) for r in (block_p, max(tail, 16))]
+    else:
+        descs = [rd_d, rd_d]
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
     grid = (triton.cdiv(P, block_p + tail), H, bsz)
     launch = _record(_verify_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx,
-        rs.cursor, rs.x, rs.B, rs.dt, rd_d, rd_s,
+        rs.cursor, rs.x, rs.B, rs.dt, rd_d, rd_s, *descs,
         P, N, L, H // G,
         x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),
         B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
@@ -1447,8 +1450,8 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)),
         BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
-        EARLY_BUF=bool(early_buf), EXACT=_interpreting(), num_warps=ov.get("warps", warps),
-        NEXT_PF=int(ov.get("next_pf", 0)), **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {}))
+        EARLY_BUF=bool(early_buf), EXACT=_interpreting(), TMA=tma, num_warps=ov.get("warps", warps),
+        **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {}))
     return [launch], y
 
 

@@ -539,8 +539,6 @@ VERIFY_CASES = [
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
-    # the successor's L2 prefetch (a hint: outputs unchanged; the interpreter runs its index math)
-    ("next-pf-f32-gqa-T2", GQA, "replay", "float32", None, torch.bfloat16, 2, 3, 5, {"BLOCK_V": 8, "NEXT_PF": 3}),
     # the state chunks through a TMA descriptor (fp32 read copy; a dual bf16 low copy, 2 row tiles)
     ("tma-f32-gqa-T3", GQA, "replay", "float32", None, torch.bfloat16, 3, 3, 6, {"BLOCK_V": 16, "TMA": True}),
     ("tma-dual-bf16-T4", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 4, 4, 8,

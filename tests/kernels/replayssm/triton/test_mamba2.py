@@ -522,11 +522,13 @@ TAILED = I.Mamba2Shape(nheads=4, head_dim=20, d_state=24, n_groups=2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_verify_tail_tile(device, monkeypatch):
+@pytest.mark.parametrize("tma", [False, True], ids=["loads", "tma"])
+def test_verify_tail_tile(device, tma, monkeypatch):
     """A whole head per program as a BLOCK_P tile plus a tail tile (Nano's 80 rows = 64 + 16):
-    the plan's tiles, then verify + commit cycles against the reference."""
+    the plan's tiles, then verify + commit cycles against the reference; the state chunks by
+    pointer loads or through TMA descriptors (the tail's rows 20-31 then read the next head's)."""
     from replayssm.triton import mamba2 as tk
-    monkeypatch.setitem(tk.OVERRIDE, "verify", dict(block_p=16, whole=True, chunk_n=16, next_pf=2))
+    monkeypatch.setitem(tk.OVERRIDE, "verify", dict(block_p=16, whole=True, chunk_n=16, tma=tma))
     rs, _ = make_pair(TAILED, 7, 7, 3, "replay", "float32", None, torch.bfloat16, gen(61))
     inp = step_inputs(TAILED, 4, torch.bfloat16, gen(62), T=4)
     (launch,), _ = tk.plan_verify(rs, **inp, **params(TAILED, gen(63)))
