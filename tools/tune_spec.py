@@ -133,6 +133,7 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # session 13: the verify's state chunks through TMA descriptors (plan_verify's "tma"): one
     # copy per chunk (and one per tail chunk) instead of per-thread vector loads
     "tma": dict(tma=True),
+    "no-tma": dict(tma=False),         # the table's VERIFY_TMA (fp32 read copies, large bucket) off
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to

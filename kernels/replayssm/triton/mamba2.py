@@ -96,6 +96,12 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     ("verify", 1, "small"): [(64, 1, 2, 64), (32, 1, 2)],
     ("verify", 1, "large"): [(64, 1, 2, 64), (32, 1, 2)],
 }
+# (bytes per element of the read copy, bucket) whose verify reads its state chunks through TMA
+# descriptors (plan_verify; OVERRIDE["verify"]["tma"] decides otherwise). T4 verify + commit
+# round, fp32 states (tools/tune_spec.py, tune_spec_s13h.txt, _s13i.txt): Super b128 232.9 us vs
+# 239.4, b256 443.2 vs 456.2; Nano (64 + 16-row tiles) b128 243.9 vs 244.2, b256 466.8 vs 466.9.
+# bf16 read copies (dual) lose with it: Super b128 208.5 vs 197.6, Nano 209.2 vs 193.0
+VERIFY_TMA = {(4, "large")}
 # REPLAY_CONFIGS (the step kernel). Key: (bytes per element of the copy the output path reads,
 # bucket: "one" (batch 1), "small" / "large" (as above, batch > 1), or "route": the rows of
 # batches <= ROUTE_BATCH[bytes] while SMALL_BATCH_ROUTE). Value:
@@ -1427,7 +1433,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     block_l = max(16, _np2(min(rs.flush_period, L)))   # committed entries only: n <= K - 1 before a verify
     block_n = max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N)))   # state columns per MMA step
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
-    tma = bool(ov.get("tma", False))
+    tma = bool(ov.get("tma", (min(_state_bytes(rd), 4), _bucket(bsz, H)) in VERIFY_TMA))
     if tma:   # the read copy as [rows, N] (row numbers are int32 in the descriptors)
         if rd_d.numel() // N >= 1 << 31:
             raise ValueError(f"verify tma: {rd_d.numel() // N} state rows > 2^31 - 1")

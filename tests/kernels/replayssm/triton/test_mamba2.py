@@ -498,6 +498,30 @@ def test_commit_routes_long_horizon(device, listed, rounds, monkeypatch):
     assert folds >= rounds * 3 // 4 and multi >= rounds // 8, (folds, multi)
 
 
+def test_verify_tma_plan():
+    """The verify reads fp32 checkpoints through TMA descriptors in the large bucket (VERIFY_TMA):
+    the read copy as [rows, N] with the main tile's and the tail's blocks (Nano: 64 + 16 rows);
+    bf16 read copies (dual) and small batches load by pointers."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from replayssm.state import Mamba2ReplayState
+    from replayssm.triton import mamba2 as tk
+    H, P, N, G, K, T = 96, 80, 128, 8, 16, 4
+    sh = I.Mamba2Shape(H, P, N, G)
+    p = {k: v.to("meta") for k, v in I.mamba2_params(sh).items()}
+    for batch, mode, lo, tma in ((128, "replay", None, True), (128, "dual", "bfloat16", False),
+                                 (8, "replay", None, False)):
+        rs = Mamba2ReplayState.allocate(batch, H, P, N, G, K + T, K, mode, "float32", lo, torch.bfloat16, "meta")
+        inp = {k: v.to("meta") for k, v in I.mamba2_step_inputs(sh, batch, T=T, act_dtype=torch.bfloat16).items()}
+        (la,), _ = tk.plan_verify(rs, **inp, **p)
+        assert la.meta["TMA"] == tma, (batch, mode)
+        descs = [a for a in la.args if isinstance(a, TensorDescriptor)]
+        if tma:
+            assert [list(d.shape) for d in descs] == [[batch * H * P, N]] * 2
+            assert [list(d.block_shape) for d in descs] == [[64, 32], [16, 32]]
+        else:
+            assert not descs
+
+
 def test_commit_list_plan():
     """The listed commit's launches up to COMMIT_LIST_MAX (128) rows: one list program over the
     batch, then the fold with NW = cdiv(rows * T, K) workers per head tile (T = capacity - K),
