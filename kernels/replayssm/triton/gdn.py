@@ -38,12 +38,11 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
 from .common import cast, prefetch_hint
-from .launch import cache_lines, last_contig, state_scratch
+from .launch import cache_lines, last_contig, state_scratch, tma_rows
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
@@ -1614,12 +1613,11 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     rd, rd_sc, rd_fp8 = _ckpt_args(rs.read_ckpt)
     buf, dual = _buffer_args(rs)
     idx = _rows_index(state_indices, batch, v.device)
-    tma = bool(cfg.get("TMA", T in cfg.get("TMA_T", ())))
-    if tma:   # the read copy as [rows, dk] (row numbers are int32 in the descriptor)
-        if rd.numel() // dk >= 1 << 31:
-            raise ValueError(f"verify TMA: {rd.numel() // dk} state rows > 2^31 - 1")
-        rd_desc = TensorDescriptor.from_tensor(rd.view(-1, dk), [cfg["BLOCK_V"], cfg["BLOCK_K"]])
-    args = [q, k, v, g, beta, o, idx, rd, rd_sc, rd_desc if tma else rd, *buf, rs.cursor,
+    # the read copy as [rows, dk] through TMA: where the config says, else at the row's TMA_T
+    asked = bool(cfg["TMA"]) if "TMA" in cfg else (None if T in cfg.get("TMA_T", ()) else False)
+    descs = tma_rows(rd, dk, [(cfg["BLOCK_V"], cfg["BLOCK_K"])], "TMA", asked)
+    tma = descs is not None
+    args = [q, k, v, g, beta, o, idx, rd, rd_sc, descs[0] if tma else rd, *buf, rs.cursor,
             *_strides(q, k, v, g, beta, o, dims=3), scale]
     meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
                         BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),

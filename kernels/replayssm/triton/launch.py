@@ -1,12 +1,14 @@
 """Host-side pieces the kernel modules' launchers share: a recorded launch (run it, inspect it,
-or compile it offline without a GPU), the argument normalisation before a launch, and the
-per-state scratch tensors that a step's or commit's launches share."""
+or compile it offline without a GPU), the argument normalisation before a launch, the
+per-state scratch tensors that a step's or commit's launches share, and the state-row TMA
+descriptors of the verify kernels."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 @dataclass
@@ -55,3 +57,18 @@ def state_scratch(rs, name: str, numel: int, device) -> torch.Tensor:
         t = torch.empty(numel, dtype=torch.int32, device=device)
         setattr(rs, name, t)
     return t
+
+
+def tma_rows(t: torch.Tensor, row_elems: int, blocks, key: str, asked: bool | None):
+    """TMA descriptors over the contiguous state tensor t viewed as [rows, row_elems], one per
+    block shape in `blocks` ([rows per load, elements per load]), or None for pointer loads.
+    asked: True / False from a config (key names it), None: use them where TMA can (16-byte
+    aligned base, rows a multiple of 16 bytes, row numbers within int32)."""
+    fits = (t.is_contiguous() and t.data_ptr() % 16 == 0 and row_elems * t.element_size() % 16 == 0
+            and t.numel() // row_elems < 1 << 31)
+    if asked and not fits:
+        raise ValueError(f"config {key}=True: the state {tuple(t.shape)} {t.dtype} cannot be read through TMA "
+                         f"(needs a contiguous 16-byte aligned tensor, rows of a multiple of 16 bytes, < 2^31 rows)")
+    if not (fits if asked is None else asked):
+        return None
+    return [TensorDescriptor.from_tensor(t.view(-1, row_elems), list(b)) for b in blocks]

@@ -46,10 +46,9 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .common import cast, prefetch_hint, silu, softplus
-from .launch import Launch, cache_lines, last_contig, out_like, state_scratch
+from .launch import Launch, cache_lines, last_contig, out_like, state_scratch, tma_rows
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
 
@@ -1433,13 +1432,13 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     block_l = max(16, _np2(min(rs.flush_period, L)))   # committed entries only: n <= K - 1 before a verify
     block_n = max(16, min(ov.get("chunk_n", VERIFY_CHUNK_N), _np2(N)))   # state columns per MMA step
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
-    tma = bool(ov.get("tma", (min(_state_bytes(rd), 4), _bucket(bsz, H)) in VERIFY_TMA))
-    if tma:   # the read copy as [rows, N] (row numbers are int32 in the descriptors)
-        if rd_d.numel() // N >= 1 << 31:
-            raise ValueError(f"verify tma: {rd_d.numel() // N} state rows > 2^31 - 1")
-        descs = [TensorDescriptor.from_tensor(rd_d.view(-1, N), [r, block_n]) for r in (block_p, max(tail, 16))]
-    else:
-        descs = [rd_d, rd_d]
+    # the read copy as [rows, N] through TMA (the main tile's and the tail's blocks): where
+    # OVERRIDE says, else in VERIFY_TMA's cases
+    asked = bool(ov["tma"]) if "tma" in ov else (
+        None if (min(_state_bytes(rd), 4), _bucket(bsz, H)) in VERIFY_TMA else False)
+    descs = tma_rows(rd_d, N, [(block_p, block_n), (max(tail, 16), block_n)], 'OVERRIDE["verify"]["tma"]', asked)
+    tma = descs is not None
+    descs = descs or [rd_d, rd_d]
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
     grid = (triton.cdiv(P, block_p + tail), H, bsz)
