@@ -231,7 +231,7 @@ GDN_VARIANTS: dict[str, dict] = {
     "tma": dict(TMA=True),
     "tma-r200": dict(TMA=True, maxnreg=200),
     "tma-r184": dict(TMA=True, maxnreg=184),
-    "no-tma": dict(TMA=False),           # the table's TMA_T (16-bit read copies at T 4) off
+    "no-tma": dict(TMA=False),           # the table's TMA_T (16-bit read copies at T 2, 4, 6) off
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

@@ -1436,9 +1436,10 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     # OVERRIDE says, else in VERIFY_TMA's cases
     asked = bool(ov["tma"]) if "tma" in ov else (
         None if (min(_state_bytes(rd), 4), _bucket(bsz, H)) in VERIFY_TMA else False)
-    descs = tma_rows(rd_d, N, [(block_p, block_n), (max(tail, 16), block_n)], 'OVERRIDE["verify"]["tma"]', asked)
+    blocks = [(block_p, block_n)] + ([(tail, block_n)] if tail else [])    # no tail: rd_desc_q unread
+    descs = tma_rows(rd_d, N, blocks, 'OVERRIDE["verify"]["tma"]', asked)
     tma = descs is not None
-    descs = descs or [rd_d, rd_d]
+    descs = [descs[0], descs[-1]] if tma else [rd_d, rd_d]
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
     grid = (triton.cdiv(P, block_p + tail), H, bsz)
