@@ -134,6 +134,9 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # copy per chunk (and one per tail chunk) instead of per-thread vector loads
     "tma": dict(tma=True),
     "no-tma": dict(tma=False),         # the table's VERIFY_TMA (fp32 read copies, large bucket) off
+    # session 14: the commit in one launch (the fold programs list the rows, the last of a ticket
+    # moves the cursors; common.commit_rows) instead of _commit_list_kernel + the fold
+    "commit-1l": dict(fold=dict(one_launch=True)),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
@@ -232,6 +235,15 @@ GDN_VARIANTS: dict[str, dict] = {
     "tma-r200": dict(TMA=True, maxnreg=200),
     "tma-r184": dict(TMA=True, maxnreg=184),
     "no-tma": dict(TMA=False),           # the table's TMA_T (16-bit read copies at T 2, 4, 6) off
+    # session 14: the commit in one launch (the fold programs list the rows, the last of a ticket
+    # moves the cursors; common.commit_rows), the flush step's next u tile loaded a chunk early
+    # (fp32 states), both; and half / quarter-head programs with them
+    "commit-1l": {"fold": dict(F_ONE_LAUNCH=True)},
+    "commit-upf": {"fold": dict(F_U_PF=True)},
+    "commit-1l-upf": {"fold": dict(F_ONE_LAUNCH=True, F_U_PF=True)},
+    "commit-1l-upf-nr2": {"fold": dict(F_ONE_LAUNCH=True, F_U_PF=True, F_NR=2)},
+    "commit-1l-nr2": {"fold": dict(F_ONE_LAUNCH=True, F_NR=2)},
+    "commit-1l-upf-r168": {"fold": dict(F_ONE_LAUNCH=True, F_U_PF=True, F_maxnreg=168)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

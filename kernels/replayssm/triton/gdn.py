@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
-from .common import cast, prefetch_hint
+from .common import cast, commit_rows, prefetch_hint, ranked_key
 from .launch import cache_lines, last_contig, state_scratch, tma_rows
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
@@ -767,15 +767,16 @@ def _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w, writer, NW
 
 
 @triton.jit
-def _ranked_key(bb, nb, fl, rank, r):
-    """(b << 16) | n of the flushing row of rank r (-1: none), from _scan_flushing (n < 2^16, b < 2^15)."""
-    return tl.max(tl.where(fl & (rank == r), (bb << 16) | nb, -1), 0)
+def _u_tile(ub_ptr, ent, h, rr, lm, HV: tl.constexpr, DV: tl.constexpr):
+    """Stored u [rows rr, entries ent] (masked by lm, rows < DV) of value head h, fp32."""
+    return tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rr[:, None], mask=(rr < DV)[:, None] & lm[None, :],
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _gdn_flush_step_kernel(
     q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, add_ptr, tk_ptr,
     sqb, sqh, sob, soh, scale, flush_period, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, NR: tl.constexpr, HP: tl.constexpr,
@@ -784,7 +785,8 @@ def _gdn_flush_step_kernel(
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
-    WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False,
+    WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, ONE_LAUNCH: tl.constexpr = False,
+    U_PF: tl.constexpr = False,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -823,6 +825,11 @@ def _gdn_flush_step_kernel(
     COMPACT (the commit): the cursor launch has already moved the cursors and listed the
     flushing rows, nxt[r] = (b << 16) | n for ranks r < nxt[batch] (their count); a worker
     reads only its own ranks' entries, no batch-wide scan (_gdn_commit_cursor_kernel).
+    ONE_LAUNCH (the commit, no cursor launch): every program finds the flushing rows from the
+    cursors and add[b] (the accepted counts) itself and the last of a grid-wide ticket
+    (tk[0]) moves the cursors (common.commit_rows); nxt unread.
+    U_PF (FOLD_MMA, not dual): the next chunk's stored-u tile is loaded while this chunk
+    folds, so its round trip overlaps the product instead of preceding it.
     """
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
@@ -838,13 +845,17 @@ def _gdn_flush_step_kernel(
     ar = tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
-    if COMPACT:
+    if ONE_LAUNCH:   # (nb is read only at flushing rows)
+        bb, m, fl, rank, n_mine = commit_rows(idx_ptr, add_ptr, cur_ptr, tk_ptr, batch, flush_period, w, NW,
+                                              BLOCK_B)
+        nb = m - 1
+    elif COMPACT:
         n_mine = (tl.load(nxt_ptr + batch) - w + NW - 1) // NW       # this worker's ranks w, w + NW, ...
     else:   # (the rank-1 path below does not use n_mine)
         bb, nb, fl, rank, n_mine = _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w,
                                                   (pid0 == 0) & (kh == 0), NW, BLOCK_B)
     for t in range(NT):
-        if COMPACT:
+        if COMPACT and not ONE_LAUNCH:
             key = n_mine * 0 - 1
             if t < n_mine:
                 key = tl.load(nxt_ptr + w + t * NW)
@@ -852,7 +863,7 @@ def _gdn_flush_step_kernel(
         elif FOLD_MMA:   # past its own ranks a worker skips the reduction; one finds the row and its cursor
             key = n_mine * 0 - 1
             if t < n_mine:
-                key = _ranked_key(bb, nb, fl, rank, w + t * NW)
+                key = ranked_key(bb, nb, fl, rank, w + t * NW)
             hit = key >= 0
         else:
             pick = fl & (rank == w + t * NW)
@@ -898,6 +909,8 @@ def _gdn_flush_step_kernel(
                                      0.0)
                         X = _unit_tri_inv_minus_eye(M, BLOCK_L, SMALL_PREC, INTERP)   # (I + M)^-1 - I
                         rc = tl.exp(cl) * rk
+                    elif U_PF:
+                        un = _u_tile(ub_ptr, ent, h, r0 + ar, lm, HV, DV)           # chunk 0's
                 for jr in range(NR):
                     j = hh * NR + jr
                     rr = r0 + jr * BLOCK_R + ar
@@ -938,8 +951,11 @@ def _gdn_flush_step_kernel(
                             tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
                         _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                     elif FOLD_MMA:
-                        U = tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
-                                    other=0.0).to(tl.float32)                           # [rows, BL] stored u
+                        if U_PF:
+                            U = un
+                            un = _u_tile(ub_ptr, ent, h, rr + BLOCK_R, lm & (jr + 1 < NR), HV, DV)
+                        else:
+                            U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)                # [rows, BL] stored u
                         S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
                     else:
                         wrun = 1.0    # w_i = prod_{i < j <= n} alpha_j, from the newest entry down
@@ -1043,13 +1059,13 @@ def _gdn_fold_kernel(
 
 @triton.jit
 def _gdn_dual_2pass_kernel(
-    lst_ptr, idx_ptr, cur_ptr, hi_ptr, lo_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, q_ptr, o_ptr,
+    lst_ptr, idx_ptr, cur_ptr, add_ptr, tk_ptr, hi_ptr, lo_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, q_ptr, o_ptr,
     sqb, sqh, sob, soh, scale, flush_period, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_B: tl.constexpr,
     NW: tl.constexpr, NT: tl.constexpr, COMPACT: tl.constexpr, WRITE_O: tl.constexpr,
     P_PREC: tl.constexpr, GRAM_PREC: tl.constexpr, SMALL_PREC: tl.constexpr, FOLD_PREC: tl.constexpr,
-    INTERP: tl.constexpr, EPS: tl.constexpr,
+    INTERP: tl.constexpr, EPS: tl.constexpr, ONE_LAUNCH: tl.constexpr = False,
 ):
     """Fold of dual-mode states (fp32 high copy, 16-bit low copy) for the rows that flush; one
     program per (worker, value head, BLOCK_V rows), worker w taking the flushing rows of rank
@@ -1059,7 +1075,9 @@ def _gdn_dual_2pass_kernel(
       else (a SPLIT replay step's second launch): lst[b] = the cursor row b had (-1: padded)
         from the output-only launch, which appended this step's entry at n; rows with
         n + 1 >= K flush, and the programs of the first row tile of head 0 write the cursors
-        (0 after a flush, else n + 1), as _gdn_flush_step_kernel does.
+        (0 after a flush, else n + 1), as _gdn_flush_step_kernel does;
+      ONE_LAUNCH (the commit, no cursor launch): found by every program from the cursors and
+        add[b], the cursors moved by the last of a grid-wide ticket tk[0] (common.commit_rows).
     The u of entries 0..n are recomputed against the high state S_0 in closed form (the
     algebra of _gdn_flush_step_kernel's dual FOLD_MMA path):
         U = R (I + M)^-1 = R + R X,  R[:, i] = beta_i (v_i - e^{c_i} S_0 k_i / |k_i|),
@@ -1081,17 +1099,21 @@ def _gdn_dual_2pass_kernel(
     rows = (pid1 % NRT) * BLOCK_V + tl.arange(0, BLOCK_V)
     rm = rows < DV
     ll = tl.arange(0, BLOCK_L)
-    if COMPACT:
+    if ONE_LAUNCH:   # (nb is read only at flushing rows)
+        bb, m, fl, rank, n_mine = commit_rows(idx_ptr, add_ptr, cur_ptr, tk_ptr, batch, flush_period, w, NW,
+                                              BLOCK_B)
+        nb = m - 1
+    elif COMPACT:
         n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
     else:
         bb, nb, fl, rank, n_mine = _scan_flushing(lst_ptr, idx_ptr, cur_ptr, batch, flush_period, w, pid1 == 0,
                                                   NW, BLOCK_B)
     for t in range(NT):
         if t < n_mine:
-            if COMPACT:
+            if COMPACT and not ONE_LAUNCH:
                 key = tl.load(lst_ptr + w + t * NW)
             else:
-                key = _ranked_key(bb, nb, fl, rank, w + t * NW)
+                key = ranked_key(bb, nb, fl, rank, w + t * NW)
             b = (key >> 16).to(tl.int64)
             n = key & 0xFFFF
             slot64 = tl.load(idx_ptr + b).to(tl.int64)
@@ -1504,11 +1526,12 @@ def _flush_step_row(rs: GDNReplayState, batch: int, op: str, config) -> dict:
 
 
 def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, scale, fc: dict, rows_per: int,
-                     write_o: bool = True, compact: bool = False):
+                     write_o: bool = True, compact: bool = False, one_launch: tuple | None = None):
     """Plan of _gdn_flush_step_kernel over `batch` rows whose last kept entry is nxt[b] (the
     SPLIT replay step's second launch; the commit's fold with write_o False, compact: nxt
-    lists the flushing rows). fc: its launch row (_flush_step_row). rows_per: the most entries
-    a row gains per call (step 1, commit T), which sizes the workers per head block,
+    lists the flushing rows; one_launch = (accepted, ticket): the commit in one launch, nxt
+    unread). fc: its launch row (_flush_step_row). rows_per: the most entries a row gains per
+    call (step 1, commit T), which sizes the workers per head block,
     NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round."""
     _, Hv, dv, _ = rs.hi.data.shape
     Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
@@ -1519,11 +1542,14 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     ck, ck_meta = _hi_lo_args(rs)
     buf, _ = _buffer_args(rs)
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
-    args = [q, o, idx, nxt, *ck, *buf, rs.cursor, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
+    add, tk = (nxt, nxt) if one_launch is None else one_launch
+    args = [q, o, idx, nxt, *ck, *buf, rs.cursor, add, tk, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
-                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)
+                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact and one_launch is None,
+                ONE_LAUNCH=one_launch is not None, U_PF=bool(fc.get("U_PF")) and not dual, **ck_meta)
+    _launch_options(meta, fc)
     # FOLD_MMA (see the kernel): a 16- or 32-bit high copy (fp8 keeps its rank-1 fold), tiles
     # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv_minus_eye)
     if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
@@ -1684,7 +1710,8 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, config=None) ->
 
 def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, config=None) -> list:
     """Launch plans of a speculative commit: [the cursor launch (_gdn_commit_cursor_kernel: the
-    cursors moved, the flushing rows listed), then the fold]: fp32 states the flush step's
+    cursors moved, the flushing rows listed), then the fold], or [the fold] alone where the row
+    says ONE_LAUNCH (it lists the rows and moves the cursors itself): fp32 states the flush step's
     FOLD_MMA fold (no output); dual states with a 16-bit low copy (TWO_PASS) the two-pass
     kernel (_gdn_dual_2pass_kernel). Where the row (or the config) says COMMIT_FOLD, or
     TWO_PASS cannot take the state (fp8 low copy): [the rank-1 fold kernel, ticket cursor]."""
@@ -1699,16 +1726,24 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
         return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
     compact = two_pass or bool(fc.get("COMPACT", False))
     nxt = _nxt(rs, batch, accepted.device)            # compact: the flushing rows, then their count
-    bb = triton.next_power_of_2(batch)
-    snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
-            dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
+    # ONE_LAUNCH: the fold finds the rows itself and the last program of a grid-wide ticket
+    # moves the cursors (common.commit_rows), no cursor launch; the counter starts at 0 and every
+    # launch leaves it at 0
+    one = (accepted, state_scratch(rs, "_gdn_ticket", 1, accepted.device, zero=True)) if fc.get("ONE_LAUNCH") \
+        else None
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
     # no output: the buffers stand in for q and o (unread)
     if two_pass:
-        fold = _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True)
+        fold = _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True,
+                                one_launch=one)
     else:
         fold = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T,
-                                write_o=False, compact=compact)
+                                write_o=False, compact=compact, one_launch=one)
+    if one is not None:
+        return [fold]
+    bb = triton.next_power_of_2(batch)
+    snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
+            dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
     return [snap, fold]
 
 
@@ -1720,10 +1755,11 @@ def _dual_2pass_fits(rs: GDNReplayState) -> bool:
 
 
 def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: dict, rows_per: int,
-                     write_o: bool, compact: bool):
+                     write_o: bool, compact: bool, one_launch: tuple | None = None):
     """Plan of _gdn_dual_2pass_kernel: grid (workers, Hv x row tiles), workers
     NW = cdiv(batch * rows_per, K) as the flush step's. q [b, Hk, dk], o [b, Hv, dv]: the
-    step's query and output (write_o; else any tensors, unread)."""
+    step's query and output (write_o; else any tensors, unread). one_launch = (accepted,
+    ticket): the commit in one launch (lst unread)."""
     _, Hv, dv, dk = rs.hi.data.shape
     Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
     bv = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
@@ -1731,11 +1767,12 @@ def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: 
     nw = max(1, min(batch, triton.cdiv(batch * rows_per, K)))
     bb = triton.next_power_of_2(batch)
     grid = (nw, Hv * triton.cdiv(dv, bv))
-    args = [lst, idx, rs.cursor, rs.hi.data, rs.lo.data, rs.k, rs.g, rs.v, rs.beta, q, o,
+    add, tk = (lst, lst) if one_launch is None else one_launch
+    args = [lst, idx, rs.cursor, add, tk, rs.hi.data, rs.lo.data, rs.k, rs.g, rs.v, rs.beta, q, o,
             *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_V=bv, BLOCK_K=ck,
                 BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_B=bb, NW=nw, NT=triton.cdiv(bb, nw),
-                COMPACT=compact, WRITE_O=write_o,
+                COMPACT=compact and one_launch is None, ONE_LAUNCH=one_launch is not None, WRITE_O=write_o,
                 P_PREC=split_precision(torch.float32, rs.k.dtype),
                 GRAM_PREC=mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
                 SMALL_PREC=split_precision(torch.float32, torch.float32),

@@ -536,6 +536,13 @@ VERIFY_CASES = [
      {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_CHUNK_K": 16}),
     ("commit-2pass-dual-f16-gqa-T4", GQA, "dual", "float32", "float16", torch.float32, 4, 3, 7,
      {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_BLOCK_V": 16}),
+    # the commit in one launch (ONE_LAUNCH: every fold program lists the rows, the last of a
+    # ticket moves the cursors): the flush step (with the next chunk's u loaded early, U_PF; 2
+    # row blocks of 2 chunks, the last partly past dv) and the two-pass dual kernel
+    ("commit-one-launch-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
+     {"F_ONE_LAUNCH": True, "F_U_PF": True, "F_BLOCK_V": 16, "F_NR": 2}),
+    ("commit-one-launch-2pass-dual-bf16-gqa-T4", GQA, "dual", "float32", "bfloat16", torch.float32, 4, 3, 7,
+     {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_ONE_LAUNCH": True}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
