@@ -244,6 +244,13 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-1l-upf-nr2": {"fold": dict(F_ONE_LAUNCH=True, F_U_PF=True, F_NR=2)},
     "commit-1l-nr2": {"fold": dict(F_ONE_LAUNCH=True, F_NR=2)},
     "commit-1l-upf-r168": {"fold": dict(F_ONE_LAUNCH=True, F_U_PF=True, F_maxnreg=168)},
+    # the flush step's register budget (sm_90, Qwen3.5-4B b128 row: 164 registers = 6 two-warp
+    # programs per SM; 125 under 128 with no spill, but its 28 KiB of shared memory allow 7; with
+    # U_PF 24 KiB: 8), so that batch 128's 1024 folding programs fit in one wave
+    "commit-r128": {"fold": dict(F_maxnreg=128)},
+    "commit-r144": {"fold": dict(F_maxnreg=144)},
+    "commit-upf-r128": {"fold": dict(F_U_PF=True, F_maxnreg=128)},
+    "commit-upf-r144": {"fold": dict(F_U_PF=True, F_maxnreg=144)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
