@@ -251,6 +251,14 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-r144": {"fold": dict(F_maxnreg=144)},
     "commit-upf-r128": {"fold": dict(F_U_PF=True, F_maxnreg=128)},
     "commit-upf-r144": {"fold": dict(F_U_PF=True, F_maxnreg=144)},
+    # the fold balanced over a fixed grid (_gdn_commit_balanced_kernel: BALANCED programs per SM,
+    # each folding an equal share of the listed rows' 16-row chunks; registers capped to fit them)
+    "bal6-r168": {"fold": dict(F_BALANCED=6, F_maxnreg=168)},
+    "bal7-r144": {"fold": dict(F_BALANCED=7, F_maxnreg=144)},
+    "bal8-r128": {"fold": dict(F_BALANCED=8, F_maxnreg=128)},
+    "bal12-r168": {"fold": dict(F_BALANCED=12, F_maxnreg=168)},
+    "bal6-r168-pf0": {"fold": dict(F_BALANCED=6, F_maxnreg=168, F_PF=0)},
+    "bal3-v32w4-r168": {"fold": dict(F_BALANCED=3, F_BLOCK_V=32, F_num_warps=4, F_maxnreg=168)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

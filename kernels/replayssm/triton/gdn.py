@@ -1008,6 +1008,82 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
         tl.store(nxt_ptr + bb, tl.where(live, m - 1, -1), mask=bm)
 
 
+@triton.jit
+def _gdn_commit_balanced_kernel(
+    lst_ptr, idx_ptr, hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, batch,
+    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NSEG: tl.constexpr,
+    PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, HI_FP8: tl.constexpr,
+    FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+):
+    """Fold of a speculative commit (non-dual states), balanced over a fixed grid: the second
+    launch after _gdn_commit_cursor_kernel (COMPACT), which listed the flushing rows,
+    lst[r] = (b << 16) | n for ranks r < lst[batch].
+
+    The work is count x Hv x NC items, item (r, h, c) = chunk c (BLOCK_R rows, NC per head)
+    of value head h of the row of rank r, in that order; program p of NP folds the contiguous
+    items [p * total // NP, (p + 1) * total // NP), so every program gets the same number of
+    chunks to within one, whatever the count. (One program per (worker, head block) leaves a
+    partial last wave when the folding programs do not fill whole waves: at batch 128 and
+    Qwen3.5-4B dims, 1024 half-head programs on 6 x 132 slots.) A program walks its range
+    as segments of one (row, head): per segment it loads the row's keys and the head's decays
+    once (w_i = e^{c_n - c_i} / |k_i|, 0 past n), then per chunk
+        S = e^{c_n} S_c + (U * w) Kb      (U [rows, BLOCK_L] the stored u, Kb the raw keys)
+    as _gdn_flush_step_kernel's FOLD_MMA path, the next chunks hinted (PF) PF_DIST ahead.
+    Loops have constexpr trip counts (NSEG segments of at most NC chunks, guarded), as the
+    grid and shapes do: CUDA-graph safe."""
+    NC: tl.constexpr = (DV + BLOCK_R - 1) // BLOCK_R
+    GROUP: tl.constexpr = HV // HK
+    p = tl.program_id(0).to(tl.int64)
+    np_ = tl.num_programs(0)
+    total = tl.load(lst_ptr + batch).to(tl.int64) * (HV * NC)
+    i0 = p * total // np_
+    i1 = (p + 1) * total // np_
+    ar = tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_K)
+    cmask = cols < DK
+    ll = tl.arange(0, BLOCK_L)
+    for sg in range(NSEG):
+        sid = i0 // NC + sg                          # segment = (rank, value head)
+        c_lo = tl.maximum(i0 - sid * NC, 0)
+        c_hi = tl.minimum(i1 - sid * NC, NC)
+        if c_lo < c_hi:
+            h = (sid % HV).to(tl.int32)
+            kh = h // GROUP
+            key = tl.load(lst_ptr + sid // HV)
+            n = key & 0xFFFF                             # entries 0..n fold
+            slot64 = tl.load(idx_ptr + (key >> 16)).to(tl.int64)
+            for c in tl.static_range(PF_DIST):
+                if c_lo + c < c_hi:
+                    _hint_chunk(hi_ptr, slot64, h, 0, c_lo + c, ar, HV, DV, DK, NC, BLOCK_R, HI_LPR, HI_LS, PF,
+                                INTERP)
+            lm = ll <= n
+            ent = slot64 * L + ll
+            kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :],
+                         mask=lm[:, None] & cmask[None, :], other=0.0)                  # [BL, BK] raw keys
+            kf = kb.to(tl.float32)
+            rk = tl.rsqrt(tl.sum(kf * kf, 1) + EPS)
+            gl = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
+            cl = tl.cumsum(gl, 0)
+            Cn = tl.sum(gl, 0)
+            wl = tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)                              # exponents <= 0
+            eC = tl.exp(Cn)
+            for c in range(NC):
+                if (c >= c_lo) & (c < c_hi):
+                    if c + PF_DIST < c_hi:
+                        _hint_chunk(hi_ptr, slot64, h, 0, c + PF_DIST, ar, HV, DV, DK, NC, BLOCK_R, HI_LPR, HI_LS,
+                                    PF, INTERP)
+                    rr = c * BLOCK_R + ar
+                    rm = rr < DV
+                    row = (slot64 * HV + h) * DV + rr
+                    tile = row[:, None] * DK + cols[None, :]
+                    m2 = rm[:, None] & cmask[None, :]
+                    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
+                    U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
+                    S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
+                    _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
+
+
 # ----------------------------------------------------------------------------- fold
 @triton.jit
 def _gdn_fold_kernel(
@@ -1555,12 +1631,18 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
             and min(fm["BLOCK_R"], fc["BLOCK_K"]) >= 16 and L <= 64):
         meta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
-                    FOLD_PREC=fc.get("FOLD_PREC") or (split_precision(torch.float32, rs.k.dtype) if fc.get("FOLD_SPLIT")
-                                                      else mma_precision(torch.float32, rs.k.dtype, "tf32x3")),
+                    FOLD_PREC=_fold_precision(rs, fc),
                     P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
                     SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
                     GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
     return _gdn_flush_step_kernel, grid, args, meta
+
+
+def _fold_precision(rs: GDNReplayState, fc: dict) -> str:
+    """The matrix-product fold's precision (fp32 u x the raw keys): the row's FOLD_PREC, else
+    the truncation split where it says FOLD_SPLIT, else mma_precision's ("tf32x3" for fp32 keys)."""
+    return fc.get("FOLD_PREC") or (split_precision(torch.float32, rs.k.dtype) if fc.get("FOLD_SPLIT")
+                                   else mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
 
 
 def takes_eager_route(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
@@ -1736,6 +1818,9 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     if two_pass:
         fold = _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True,
                                 one_launch=one)
+    elif fc.get("BALANCED") and compact and one is None and rs.mode != "dual" and fc.get("FOLD_MMA") \
+            and rs.hi.scale is None and rs.capacity <= 64:
+        fold = _plan_commit_balanced(rs, idx, nxt, batch, fc, _fold_precision(rs, fc))
     else:
         fold = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T,
                                 write_o=False, compact=compact, one_launch=one)
@@ -1745,6 +1830,36 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
             dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
     return [snap, fold]
+
+
+def _sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (the balanced commit's grid); for plans on
+    the 'meta' device (offline sm_90 compiles) an H200's 132; 4 on the CPU (small grids for
+    the interpreter)."""
+    d = torch.device(device)
+    if d.type == "cuda":
+        return torch.cuda.get_device_properties(d).multi_processor_count
+    return 132 if d.type == "meta" else 4
+
+
+def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict, fold_prec: str):
+    """Plan of _gdn_commit_balanced_kernel over the rows lst lists: fc["BALANCED"] programs
+    per SM, chunks of fc["BLOCK_V"] rows."""
+    _, Hv, dv, dk = rs.hi.data.shape
+    br = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
+    nc = triton.cdiv(dv, br)
+    nprog = _sm_count(lst.device) * int(fc["BALANCED"])
+    most = max(1, triton.cdiv(batch * Hv * nc, nprog))          # chunks a program folds, at most
+    hi, hi_sc, hi_fp8 = _ckpt_args(rs.hi)
+    hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
+    fm = replay_meta(fc, rs.capacity, dv, 1)
+    args = [lst, idx, hi, hi_sc, rs.u, rs.k, rs.g, batch]
+    meta = dict(HV=Hv, HK=rs.k.shape[2], DK=dk, DV=dv, L=rs.capacity, BLOCK_R=br, BLOCK_K=fc["BLOCK_K"],
+                BLOCK_L=max(16, triton.next_power_of_2(rs.capacity)), NSEG=triton.cdiv(most - 1, nc) + 1,
+                PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, HI_FP8=hi_fp8, FOLD_PREC=fold_prec,
+                INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
+    _launch_options(meta, fc)
+    return _gdn_commit_balanced_kernel, (nprog,), args, meta
 
 
 def _dual_2pass_fits(rs: GDNReplayState) -> bool:

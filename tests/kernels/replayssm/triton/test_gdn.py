@@ -543,6 +543,13 @@ VERIFY_CASES = [
      {"F_ONE_LAUNCH": True, "F_U_PF": True, "F_BLOCK_V": 16, "F_NR": 2}),
     ("commit-one-launch-2pass-dual-bf16-gqa-T4", GQA, "dual", "float32", "bfloat16", torch.float32, 4, 3, 7,
      {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_ONE_LAUNCH": True}),
+    # the fp32 commit's fold balanced over a fixed grid (BALANCED programs per SM; 4 "SMs" off a
+    # GPU): ranges of chunks that cross (row, head) segments (dv 40: 3 chunks, the last partly
+    # masked); GQA with one chunk per head and more programs than chunks
+    ("commit-balanced-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
+     {"F_BALANCED": 1, "F_BLOCK_V": 16}),
+    ("commit-balanced-f32-gqa-T2", GQA, "replay", "float32", None, torch.float32, 2, 3, 5,
+     {"F_BALANCED": 2, "F_BLOCK_V": 16}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
