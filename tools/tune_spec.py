@@ -259,6 +259,11 @@ GDN_VARIANTS: dict[str, dict] = {
     "bal12-r168": {"fold": dict(F_BALANCED=12, F_maxnreg=168)},
     "bal6-r168-pf0": {"fold": dict(F_BALANCED=6, F_maxnreg=168, F_PF=0)},
     "bal3-v32w4-r168": {"fold": dict(F_BALANCED=3, F_BLOCK_V=32, F_num_warps=4, F_maxnreg=168)},
+    "bal4-pf0": {"fold": dict(F_BALANCED=4, F_PF=0)},
+    "bal5-r192-pf0": {"fold": dict(F_BALANCED=5, F_maxnreg=192, F_PF=0)},
+    "bal6-r168-pf1": {"fold": dict(F_BALANCED=6, F_maxnreg=168, F_PF=1)},
+    "commit-r144-pf0": {"fold": dict(F_maxnreg=144, F_PF=0)},
+    "commit-r160": {"fold": dict(F_maxnreg=160)},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
