@@ -134,9 +134,6 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # copy per chunk (and one per tail chunk) instead of per-thread vector loads
     "tma": dict(tma=True),
     "no-tma": dict(tma=False),         # the table's VERIFY_TMA (fp32 read copies, large bucket) off
-    # session 14: the commit in one launch (the fold programs list the rows, the last of a ticket
-    # moves the cursors; common.commit_rows) instead of _commit_list_kernel + the fold
-    "commit-1l": dict(fold=dict(one_launch=True)),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
@@ -235,35 +232,27 @@ GDN_VARIANTS: dict[str, dict] = {
     "tma-r200": dict(TMA=True, maxnreg=200),
     "tma-r184": dict(TMA=True, maxnreg=184),
     "no-tma": dict(TMA=False),           # the table's TMA_T (16-bit read copies at T 2, 4, 6) off
-    # session 14: the commit in one launch (the fold programs list the rows, the last of a ticket
-    # moves the cursors; common.commit_rows), the flush step's next u tile loaded a chunk early
-    # (fp32 states), both; and half / quarter-head programs with them
-    "commit-1l": {"fold": dict(F_ONE_LAUNCH=True)},
-    "commit-upf": {"fold": dict(F_U_PF=True)},
-    "commit-1l-upf": {"fold": dict(F_ONE_LAUNCH=True, F_U_PF=True)},
-    "commit-1l-upf-nr2": {"fold": dict(F_ONE_LAUNCH=True, F_U_PF=True, F_NR=2)},
-    "commit-1l-nr2": {"fold": dict(F_ONE_LAUNCH=True, F_NR=2)},
-    "commit-1l-upf-r168": {"fold": dict(F_ONE_LAUNCH=True, F_U_PF=True, F_maxnreg=168)},
-    # the flush step's register budget (sm_90, Qwen3.5-4B b128 row: 164 registers = 6 two-warp
-    # programs per SM; 125 under 128 with no spill, but its 28 KiB of shared memory allow 7; with
-    # U_PF 24 KiB: 8), so that batch 128's 1024 folding programs fit in one wave
-    "commit-r128": {"fold": dict(F_maxnreg=128)},
-    "commit-r144": {"fold": dict(F_maxnreg=144)},
-    "commit-upf-r128": {"fold": dict(F_U_PF=True, F_maxnreg=128)},
-    "commit-upf-r144": {"fold": dict(F_U_PF=True, F_maxnreg=144)},
-    # the fold balanced over a fixed grid (_gdn_commit_balanced_kernel: BALANCED programs per SM,
-    # each folding an equal share of the listed rows' 16-row chunks; registers capped to fit them)
-    "bal6-r168": {"fold": dict(F_BALANCED=6, F_maxnreg=168)},
-    "bal7-r144": {"fold": dict(F_BALANCED=7, F_maxnreg=144)},
-    "bal8-r128": {"fold": dict(F_BALANCED=8, F_maxnreg=128)},
-    "bal12-r168": {"fold": dict(F_BALANCED=12, F_maxnreg=168)},
-    "bal6-r168-pf0": {"fold": dict(F_BALANCED=6, F_maxnreg=168, F_PF=0)},
-    "bal3-v32w4-r168": {"fold": dict(F_BALANCED=3, F_BLOCK_V=32, F_num_warps=4, F_maxnreg=168)},
-    "bal4-pf0": {"fold": dict(F_BALANCED=4, F_PF=0)},
-    "bal5-r192-pf0": {"fold": dict(F_BALANCED=5, F_maxnreg=192, F_PF=0)},
-    "bal6-r168-pf1": {"fold": dict(F_BALANCED=6, F_maxnreg=168, F_PF=1)},
-    "commit-r144-pf0": {"fold": dict(F_maxnreg=144, F_PF=0)},
-    "commit-r160": {"fold": dict(F_maxnreg=160)},
+    # session 14, the fp32 commit: the flush step's register budget (sm_90, Qwen3.5-4B b128: 164
+    # registers = 6 two-warp programs per SM; 125 under 128, no spill, but 28 KiB of shared memory
+    # allow 7) on the flush step (BALANCED off: the Qwen3.5-4B rows take the balanced fold);
+    # "commit-s13": session 13's commit (no budget, no balanced fold), side by side
+    "commit-s13": {"fold": dict(F_BALANCED=None, F_maxnreg=None)},
+    "commit-r128": {"fold": dict(F_BALANCED=None, F_maxnreg=128)},
+    "commit-r144": {"fold": dict(F_BALANCED=None, F_maxnreg=144)},
+    "commit-r160": {"fold": dict(F_BALANCED=None, F_maxnreg=160)},
+    "commit-r144-pf0": {"fold": dict(F_BALANCED=None, F_maxnreg=144, F_PF=0)},
+    # the fold balanced over a fixed grid (_gdn_commit_balanced_kernel: per_sm programs per SM,
+    # each folding an equal share of the listed rows' 16-row chunks; "maxnreg" None: ptxas's
+    # choice, 214), at any number of value heads
+    "bal6-r168": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168})},
+    "bal7-r144": {"fold": dict(F_BALANCED={"per_sm": 7, "maxnreg": 144})},
+    "bal8-r128": {"fold": dict(F_BALANCED={"per_sm": 8, "maxnreg": 128})},
+    "bal12-r168": {"fold": dict(F_BALANCED={"per_sm": 12, "maxnreg": 168})},
+    "bal6-r168-pf0": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0})},
+    "bal6-r168-pf1": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 1})},
+    "bal3-v32w4-r168": {"fold": dict(F_BALANCED={"per_sm": 3, "BLOCK_V": 32, "num_warps": 4, "maxnreg": 168})},
+    "bal4-pf0": {"fold": dict(F_BALANCED={"per_sm": 4, "PF": 0, "maxnreg": None})},
+    "bal5-r192-pf0": {"fold": dict(F_BALANCED={"per_sm": 5, "maxnreg": 192, "PF": 0})},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

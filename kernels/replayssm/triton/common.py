@@ -71,36 +71,3 @@ def prefetch_hint(base, starts, LPR: tl.constexpr, LS: tl.constexpr, PF: tl.cons
             else:
                 tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                                           dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def commit_rows(idx_ptr, add_ptr, cur_ptr, tk_ptr, batch, K, w, NW, BLOCK_B: tl.constexpr):
-    """The rows of a one-launch speculative commit (ONE_LAUNCH: no cursor launch before the
-    fold), found by every program of the fold: row b (slot idx[b], < 0: padded) keeps
-    m = cursor + add[b] entries and flushes where m >= K; flushing rows are ranked in batch
-    order and worker w of NW takes ranks w, w + NW, ... Then the program draws a ticket from
-    the grid-wide counter tk[0]: whoever draws the last one knows every program has read the
-    cursors (each reduced its reads across the program and synchronised before its acq_rel
-    draw), so it moves them (0 after a flush, else m) and zeroes the counter for the next
-    launch. One L2 atomic per program instead of a launch (and its gap).
-    Returns bb [BLOCK_B] (row numbers), m, fl (flushes), rank, and n_mine (this worker's count)."""
-    bb = tl.arange(0, BLOCK_B)
-    slot = tl.load(idx_ptr + bb, mask=bb < batch, other=-1)
-    live = slot >= 0
-    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
-    m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
-    fl = live & (m >= K)
-    rank = tl.cumsum(fl.to(tl.int32), 0) - 1
-    n_mine = tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)
-    tl.debug_barrier()
-    nprog = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    if tl.atomic_add(tk_ptr, 1, sem="acq_rel") == nprog - 1:
-        tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
-        tl.atomic_xchg(tk_ptr, 0, sem="relaxed")
-    return bb, m, fl, rank, n_mine
-
-
-@triton.jit
-def ranked_key(bb, val, fl, rank, r):
-    """(b << 16) | val[b] of the flushing row b of rank r (-1: none); val < 2^16, b < 2^15."""
-    return tl.max(tl.where(fl & (rank == r), (bb << 16) | val, -1), 0)

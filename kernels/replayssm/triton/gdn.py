@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
-from .common import cast, commit_rows, prefetch_hint, ranked_key
+from .common import cast, prefetch_hint
 from .launch import cache_lines, last_contig, state_scratch, tma_rows
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
@@ -59,6 +59,10 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 # per program; PF prefetch hints (1 L2, 2 L1) PF_DIST chunks ahead; PREFETCH cursor-independent
 # buffer reads; SPLIT = output-only launch + flush-step launch (else the fused kernel, ticket cursor).
 _BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 2, "SPLIT": True}     # 16/8-bit read copies, batch > 64
+# The fp32 commit's fold balanced over a fixed grid (_gdn_commit_balanced_kernel) where the state
+# has at most max_hv value heads: per_sm programs per SM of 2 warps under a 168-register budget
+# (ptxas alone: 214), no prefetch hints (PF 0: 138.5 vs 140.1 us with L1 hints, Qwen3.5-4B b128)
+_BALANCED_COMMIT = {"max_hv": 32, "per_sm": 6, "maxnreg": 168, "PF": 0}
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager, batch > 64: 16 rows x 1 warp (Qwen3.5-122B b256: 539 us vs 549 for 32 x 4 warps,
@@ -109,12 +113,17 @@ CONFIGS: dict[str, list[tuple]] = {
     # 85.1 vs 80.6, hence the split at batch 64 (tune_spec_s10a.txt). The rank-1 fold kernel
     # (COMMIT_FOLD): 708 / 371 / 103 us. At batch 128, 4 chunks per program (half a head): Qwen3.5-4B
     # 139.6 vs 142.1 us, Qwen3.5-122B 248.7 vs 252.8, twice (tune_spec_s11c.txt, _s11d.txt).
+    # Session 14, batch > 64: a 160-register budget (ptxas: 164 at batch 128, 126 at 256 without
+    # it; 150 / 142 with it), Qwen3.5-122B b128 / b256 248.5 / 472.4 us vs 249.6 / 476.7, Qwen3.5-4B
+    # 139.9 / 256.6 vs 140.2 / 258.8; and at <= 32 value heads the balanced fold
+    # (_gdn_commit_balanced_kernel, _BALANCED_COMMIT), Qwen3.5-4B 138.6 / 254.4 (twice: 138.5 /
+    # 254.1; at Qwen3.5-122B 249.9 / 476.0, no gain) (tune_spec_s14d-g.txt)
     "commit":   [(64, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                               "FOLD_SPLIT": True}),
                  (128, 16, 2, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
-                               "FOLD_SPLIT": True}),
+                               "FOLD_SPLIT": True, "maxnreg": 160, "BALANCED": _BALANCED_COMMIT}),
                  (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
-                                "FOLD_SPLIT": True})],
+                                "FOLD_SPLIT": True, "maxnreg": 160, "BALANCED": _BALANCED_COMMIT})],
     # Dual states: the two-pass kernel (_gdn_dual_2pass_kernel), a whole head per program on 4
     # warps in 16-column dk steps: T4 verify + commit round, Qwen3.5-122B b256 dual bf16, 558 us vs
     # 633 with the rank-1 fold kernel, 600 (64 rows x 4 warps), 632 (128 x 8 warps), 805 (32 x 4)
@@ -767,6 +776,12 @@ def _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w, writer, NW
 
 
 @triton.jit
+def _ranked_key(bb, nb, fl, rank, r):
+    """(b << 16) | n of the flushing row of rank r (-1: none), from _scan_flushing (n < 2^16, b < 2^15)."""
+    return tl.max(tl.where(fl & (rank == r), (bb << 16) | nb, -1), 0)
+
+
+@triton.jit
 def _u_tile(ub_ptr, ent, h, rr, lm, HV: tl.constexpr, DV: tl.constexpr):
     """Stored u [rows rr, entries ent] (masked by lm, rows < DV) of value head h, fp32."""
     return tl.load(ub_ptr + (ent[None, :] * HV + h) * DV + rr[:, None], mask=(rr < DV)[:, None] & lm[None, :],
@@ -776,7 +791,7 @@ def _u_tile(ub_ptr, ent, h, rr, lm, HV: tl.constexpr, DV: tl.constexpr):
 @triton.jit
 def _gdn_flush_step_kernel(
     q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, add_ptr, tk_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
     sqb, sqh, sob, soh, scale, flush_period, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, NR: tl.constexpr, HP: tl.constexpr,
@@ -785,8 +800,7 @@ def _gdn_flush_step_kernel(
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
-    WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, ONE_LAUNCH: tl.constexpr = False,
-    U_PF: tl.constexpr = False,
+    WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -825,11 +839,6 @@ def _gdn_flush_step_kernel(
     COMPACT (the commit): the cursor launch has already moved the cursors and listed the
     flushing rows, nxt[r] = (b << 16) | n for ranks r < nxt[batch] (their count); a worker
     reads only its own ranks' entries, no batch-wide scan (_gdn_commit_cursor_kernel).
-    ONE_LAUNCH (the commit, no cursor launch): every program finds the flushing rows from the
-    cursors and add[b] (the accepted counts) itself and the last of a grid-wide ticket
-    (tk[0]) moves the cursors (common.commit_rows); nxt unread.
-    U_PF (FOLD_MMA, not dual): the next chunk's stored-u tile is loaded while this chunk
-    folds, so its round trip overlaps the product instead of preceding it.
     """
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
@@ -845,17 +854,13 @@ def _gdn_flush_step_kernel(
     ar = tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
-    if ONE_LAUNCH:   # (nb is read only at flushing rows)
-        bb, m, fl, rank, n_mine = commit_rows(idx_ptr, add_ptr, cur_ptr, tk_ptr, batch, flush_period, w, NW,
-                                              BLOCK_B)
-        nb = m - 1
-    elif COMPACT:
+    if COMPACT:
         n_mine = (tl.load(nxt_ptr + batch) - w + NW - 1) // NW       # this worker's ranks w, w + NW, ...
     else:   # (the rank-1 path below does not use n_mine)
         bb, nb, fl, rank, n_mine = _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w,
                                                   (pid0 == 0) & (kh == 0), NW, BLOCK_B)
     for t in range(NT):
-        if COMPACT and not ONE_LAUNCH:
+        if COMPACT:
             key = n_mine * 0 - 1
             if t < n_mine:
                 key = tl.load(nxt_ptr + w + t * NW)
@@ -863,7 +868,7 @@ def _gdn_flush_step_kernel(
         elif FOLD_MMA:   # past its own ranks a worker skips the reduction; one finds the row and its cursor
             key = n_mine * 0 - 1
             if t < n_mine:
-                key = ranked_key(bb, nb, fl, rank, w + t * NW)
+                key = _ranked_key(bb, nb, fl, rank, w + t * NW)
             hit = key >= 0
         else:
             pick = fl & (rank == w + t * NW)
@@ -909,8 +914,6 @@ def _gdn_flush_step_kernel(
                                      0.0)
                         X = _unit_tri_inv_minus_eye(M, BLOCK_L, SMALL_PREC, INTERP)   # (I + M)^-1 - I
                         rc = tl.exp(cl) * rk
-                    elif U_PF:
-                        un = _u_tile(ub_ptr, ent, h, r0 + ar, lm, HV, DV)           # chunk 0's
                 for jr in range(NR):
                     j = hh * NR + jr
                     rr = r0 + jr * BLOCK_R + ar
@@ -951,11 +954,7 @@ def _gdn_flush_step_kernel(
                             tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
                         _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                     elif FOLD_MMA:
-                        if U_PF:
-                            U = un
-                            un = _u_tile(ub_ptr, ent, h, rr + BLOCK_R, lm & (jr + 1 < NR), HV, DV)
-                        else:
-                            U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)                # [rows, BL] stored u
+                        U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)                    # [rows, BL] stored u
                         S = tl.exp(Cn) * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
                     else:
                         wrun = 1.0    # w_i = prod_{i < j <= n} alpha_j, from the newest entry down
@@ -1010,13 +1009,13 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
 
 @triton.jit
 def _gdn_commit_balanced_kernel(
-    lst_ptr, idx_ptr, hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, batch,
+    lst_ptr, idx_ptr, hi_ptr, ub_ptr, kb_ptr, gb_ptr, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NSEG: tl.constexpr,
-    PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, HI_FP8: tl.constexpr,
+    PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
     FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
 ):
-    """Fold of a speculative commit (non-dual states), balanced over a fixed grid: the second
+    """Fold of a speculative commit (non-dual states, a 16- or 32-bit high copy), balanced over a fixed grid: the second
     launch after _gdn_commit_cursor_kernel (COMPACT), which listed the flushing rows,
     lst[r] = (b << 16) | n for ranks r < lst[batch].
 
@@ -1078,10 +1077,10 @@ def _gdn_commit_balanced_kernel(
                     row = (slot64 * HV + h) * DV + rr
                     tile = row[:, None] * DK + cols[None, :]
                     m2 = rm[:, None] & cmask[None, :]
-                    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
+                    S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
                     U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
                     S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
-                    _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
+                    _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
 
 
 # ----------------------------------------------------------------------------- fold
@@ -1135,13 +1134,13 @@ def _gdn_fold_kernel(
 
 @triton.jit
 def _gdn_dual_2pass_kernel(
-    lst_ptr, idx_ptr, cur_ptr, add_ptr, tk_ptr, hi_ptr, lo_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, q_ptr, o_ptr,
+    lst_ptr, idx_ptr, cur_ptr, hi_ptr, lo_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, q_ptr, o_ptr,
     sqb, sqh, sob, soh, scale, flush_period, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_B: tl.constexpr,
     NW: tl.constexpr, NT: tl.constexpr, COMPACT: tl.constexpr, WRITE_O: tl.constexpr,
     P_PREC: tl.constexpr, GRAM_PREC: tl.constexpr, SMALL_PREC: tl.constexpr, FOLD_PREC: tl.constexpr,
-    INTERP: tl.constexpr, EPS: tl.constexpr, ONE_LAUNCH: tl.constexpr = False,
+    INTERP: tl.constexpr, EPS: tl.constexpr,
 ):
     """Fold of dual-mode states (fp32 high copy, 16-bit low copy) for the rows that flush; one
     program per (worker, value head, BLOCK_V rows), worker w taking the flushing rows of rank
@@ -1151,9 +1150,7 @@ def _gdn_dual_2pass_kernel(
       else (a SPLIT replay step's second launch): lst[b] = the cursor row b had (-1: padded)
         from the output-only launch, which appended this step's entry at n; rows with
         n + 1 >= K flush, and the programs of the first row tile of head 0 write the cursors
-        (0 after a flush, else n + 1), as _gdn_flush_step_kernel does;
-      ONE_LAUNCH (the commit, no cursor launch): found by every program from the cursors and
-        add[b], the cursors moved by the last of a grid-wide ticket tk[0] (common.commit_rows).
+        (0 after a flush, else n + 1), as _gdn_flush_step_kernel does.
     The u of entries 0..n are recomputed against the high state S_0 in closed form (the
     algebra of _gdn_flush_step_kernel's dual FOLD_MMA path):
         U = R (I + M)^-1 = R + R X,  R[:, i] = beta_i (v_i - e^{c_i} S_0 k_i / |k_i|),
@@ -1175,21 +1172,17 @@ def _gdn_dual_2pass_kernel(
     rows = (pid1 % NRT) * BLOCK_V + tl.arange(0, BLOCK_V)
     rm = rows < DV
     ll = tl.arange(0, BLOCK_L)
-    if ONE_LAUNCH:   # (nb is read only at flushing rows)
-        bb, m, fl, rank, n_mine = commit_rows(idx_ptr, add_ptr, cur_ptr, tk_ptr, batch, flush_period, w, NW,
-                                              BLOCK_B)
-        nb = m - 1
-    elif COMPACT:
+    if COMPACT:
         n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
     else:
         bb, nb, fl, rank, n_mine = _scan_flushing(lst_ptr, idx_ptr, cur_ptr, batch, flush_period, w, pid1 == 0,
                                                   NW, BLOCK_B)
     for t in range(NT):
         if t < n_mine:
-            if COMPACT and not ONE_LAUNCH:
+            if COMPACT:
                 key = tl.load(lst_ptr + w + t * NW)
             else:
-                key = ranked_key(bb, nb, fl, rank, w + t * NW)
+                key = _ranked_key(bb, nb, fl, rank, w + t * NW)
             b = (key >> 16).to(tl.int64)
             n = key & 0xFFFF
             slot64 = tl.load(idx_ptr + b).to(tl.int64)
@@ -1602,12 +1595,11 @@ def _flush_step_row(rs: GDNReplayState, batch: int, op: str, config) -> dict:
 
 
 def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, scale, fc: dict, rows_per: int,
-                     write_o: bool = True, compact: bool = False, one_launch: tuple | None = None):
+                     write_o: bool = True, compact: bool = False):
     """Plan of _gdn_flush_step_kernel over `batch` rows whose last kept entry is nxt[b] (the
     SPLIT replay step's second launch; the commit's fold with write_o False, compact: nxt
-    lists the flushing rows; one_launch = (accepted, ticket): the commit in one launch, nxt
-    unread). fc: its launch row (_flush_step_row). rows_per: the most entries a row gains per
-    call (step 1, commit T), which sizes the workers per head block,
+    lists the flushing rows). fc: its launch row (_flush_step_row). rows_per: the most entries
+    a row gains per call (step 1, commit T), which sizes the workers per head block,
     NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round."""
     _, Hv, dv, _ = rs.hi.data.shape
     Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
@@ -1618,13 +1610,11 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     ck, ck_meta = _hi_lo_args(rs)
     buf, _ = _buffer_args(rs)
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
-    add, tk = (nxt, nxt) if one_launch is None else one_launch
-    args = [q, o, idx, nxt, *ck, *buf, rs.cursor, add, tk, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
+    args = [q, o, idx, nxt, *ck, *buf, rs.cursor, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
-                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact and one_launch is None,
-                ONE_LAUNCH=one_launch is not None, U_PF=bool(fc.get("U_PF")) and not dual, **ck_meta)
+                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)
     _launch_options(meta, fc)
     # FOLD_MMA (see the kernel): a 16- or 32-bit high copy (fp8 keeps its rank-1 fold), tiles
     # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv_minus_eye)
@@ -1740,9 +1730,9 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
 
 def _launch_options(meta: dict, cfg: dict) -> None:
     """meta's num_stages (loop pipelining depth) and maxnreg (register budget) where the row or
-    config sets them (else Triton's / ptxas's choice)."""
+    config sets them (else, or None, Triton's / ptxas's choice)."""
     for opt in ("num_stages", "maxnreg"):
-        if opt in cfg:
+        if cfg.get(opt) is not None:
             meta[opt] = int(cfg[opt])
 
 
@@ -1792,10 +1782,10 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, config=None) ->
 
 def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, config=None) -> list:
     """Launch plans of a speculative commit: [the cursor launch (_gdn_commit_cursor_kernel: the
-    cursors moved, the flushing rows listed), then the fold], or [the fold] alone where the row
-    says ONE_LAUNCH (it lists the rows and moves the cursors itself): fp32 states the flush step's
-    FOLD_MMA fold (no output); dual states with a 16-bit low copy (TWO_PASS) the two-pass
-    kernel (_gdn_dual_2pass_kernel). Where the row (or the config) says COMMIT_FOLD, or
+    cursors moved, the flushing rows listed), then the fold]: fp32 states the flush step's
+    FOLD_MMA fold (no output), or where the row's BALANCED applies (at most its max_hv value
+    heads) the balanced fold (_gdn_commit_balanced_kernel); dual states with a 16-bit low copy
+    (TWO_PASS) the two-pass kernel (_gdn_dual_2pass_kernel). Where the row (or the config) says COMMIT_FOLD, or
     TWO_PASS cannot take the state (fp8 low copy): [the rank-1 fold kernel, ticket cursor]."""
     batch = accepted.shape[0]
     if batch >= 1 << 15:
@@ -1808,27 +1798,18 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
         return [plan_fold(rs, idx, accepted, rs.flush_period, config)]
     compact = two_pass or bool(fc.get("COMPACT", False))
     nxt = _nxt(rs, batch, accepted.device)            # compact: the flushing rows, then their count
-    # ONE_LAUNCH: the fold finds the rows itself and the last program of a grid-wide ticket
-    # moves the cursors (common.commit_rows), no cursor launch; the counter starts at 0 and every
-    # launch leaves it at 0
-    one = (accepted, state_scratch(rs, "_gdn_ticket", 1, accepted.device, zero=True)) if fc.get("ONE_LAUNCH") \
-        else None
-    T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
-    # no output: the buffers stand in for q and o (unread)
-    if two_pass:
-        fold = _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True,
-                                one_launch=one)
-    elif fc.get("BALANCED") and compact and one is None and rs.mode != "dual" and fc.get("FOLD_MMA") \
-            and rs.hi.scale is None and rs.capacity <= 64:
-        fold = _plan_commit_balanced(rs, idx, nxt, batch, fc, _fold_precision(rs, fc))
-    else:
-        fold = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T,
-                                write_o=False, compact=compact, one_launch=one)
-    if one is not None:
-        return [fold]
     bb = triton.next_power_of_2(batch)
     snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
             dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
+    T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
+    # no output: the buffers stand in for q and o (unread)
+    if two_pass:
+        fold = _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True)
+    elif compact and _balanced_fits(rs, fc):
+        fold = _plan_commit_balanced(rs, idx, nxt, batch, fc, _fold_precision(rs, fc))
+    else:
+        fold = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T,
+                                write_o=False, compact=compact)
     return [snap, fold]
 
 
@@ -1842,21 +1823,31 @@ def _sm_count(device) -> int:
     return 132 if d.type == "meta" else 4
 
 
+def _balanced_fits(rs: GDNReplayState, fc: dict) -> bool:
+    """The commit row's BALANCED dict applies (_gdn_commit_balanced_kernel): non-dual, the
+    matrix-product fold (FOLD_MMA; a 16- or 32-bit high copy, at most 64 entries), at most
+    its "max_hv" value heads."""
+    bal = fc.get("BALANCED")
+    return bool(bal) and rs.mode != "dual" and bool(fc.get("FOLD_MMA")) and rs.hi.scale is None \
+        and rs.capacity <= 64 and rs.hi.data.shape[1] <= bal.get("max_hv", 1 << 30)
+
+
 def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict, fold_prec: str):
-    """Plan of _gdn_commit_balanced_kernel over the rows lst lists: fc["BALANCED"] programs
-    per SM, chunks of fc["BLOCK_V"] rows."""
+    """Plan of _gdn_commit_balanced_kernel over the rows lst lists. fc["BALANCED"]: "per_sm"
+    programs per SM, and its own launch keys ("maxnreg", "num_warps", "BLOCK_V": rows per
+    chunk, "PF": prefetch hints) over the commit row's."""
+    fc = {**fc, **{k: v for k, v in fc["BALANCED"].items() if k not in ("per_sm", "max_hv")}}
     _, Hv, dv, dk = rs.hi.data.shape
     br = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
     nc = triton.cdiv(dv, br)
-    nprog = _sm_count(lst.device) * int(fc["BALANCED"])
+    nprog = _sm_count(lst.device) * int(fc["BALANCED"]["per_sm"])
     most = max(1, triton.cdiv(batch * Hv * nc, nprog))          # chunks a program folds, at most
-    hi, hi_sc, hi_fp8 = _ckpt_args(rs.hi)
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
     fm = replay_meta(fc, rs.capacity, dv, 1)
-    args = [lst, idx, hi, hi_sc, rs.u, rs.k, rs.g, batch]
+    args = [lst, idx, rs.hi.data, rs.u, rs.k, rs.g, batch]
     meta = dict(HV=Hv, HK=rs.k.shape[2], DK=dk, DV=dv, L=rs.capacity, BLOCK_R=br, BLOCK_K=fc["BLOCK_K"],
                 BLOCK_L=max(16, triton.next_power_of_2(rs.capacity)), NSEG=triton.cdiv(most - 1, nc) + 1,
-                PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, HI_FP8=hi_fp8, FOLD_PREC=fold_prec,
+                PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, FOLD_PREC=fold_prec,
                 INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
     _launch_options(meta, fc)
     return _gdn_commit_balanced_kernel, (nprog,), args, meta
@@ -1870,11 +1861,10 @@ def _dual_2pass_fits(rs: GDNReplayState) -> bool:
 
 
 def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: dict, rows_per: int,
-                     write_o: bool, compact: bool, one_launch: tuple | None = None):
+                     write_o: bool, compact: bool):
     """Plan of _gdn_dual_2pass_kernel: grid (workers, Hv x row tiles), workers
     NW = cdiv(batch * rows_per, K) as the flush step's. q [b, Hk, dk], o [b, Hv, dv]: the
-    step's query and output (write_o; else any tensors, unread). one_launch = (accepted,
-    ticket): the commit in one launch (lst unread)."""
+    step's query and output (write_o; else any tensors, unread)."""
     _, Hv, dv, dk = rs.hi.data.shape
     Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
     bv = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
@@ -1882,12 +1872,11 @@ def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: 
     nw = max(1, min(batch, triton.cdiv(batch * rows_per, K)))
     bb = triton.next_power_of_2(batch)
     grid = (nw, Hv * triton.cdiv(dv, bv))
-    add, tk = (lst, lst) if one_launch is None else one_launch
-    args = [lst, idx, rs.cursor, add, tk, rs.hi.data, rs.lo.data, rs.k, rs.g, rs.v, rs.beta, q, o,
+    args = [lst, idx, rs.cursor, rs.hi.data, rs.lo.data, rs.k, rs.g, rs.v, rs.beta, q, o,
             *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_V=bv, BLOCK_K=ck,
                 BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_B=bb, NW=nw, NT=triton.cdiv(bb, nw),
-                COMPACT=compact and one_launch is None, ONE_LAUNCH=one_launch is not None, WRITE_O=write_o,
+                COMPACT=compact, WRITE_O=write_o,
                 P_PREC=split_precision(torch.float32, rs.k.dtype),
                 GRAM_PREC=mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
                 SMALL_PREC=split_precision(torch.float32, torch.float32),

@@ -48,14 +48,13 @@ def cache_lines(t: torch.Tensor, row_elems: int) -> tuple[int, int]:
     return triton.next_power_of_2(triton.cdiv(row_elems * es, 128)), max(1, 128 // es)
 
 
-def state_scratch(rs, name: str, numel: int, device, zero: bool = False) -> torch.Tensor:
+def state_scratch(rs, name: str, numel: int, device) -> torch.Tensor:
     """An int32 scratch tensor [>= numel] kept on the state object rs under attribute `name`:
     one allocation serves every call and a captured CUDA graph (reallocated only when a call
-    needs more, or another device). zero: allocated as zeros (a counter the kernels that use
-    it leave at 0); else uninitialised."""
+    needs more, or another device)."""
     t = getattr(rs, name, None)
     if t is None or t.numel() < numel or t.device != torch.device(device):
-        t = (torch.zeros if zero else torch.empty)(numel, dtype=torch.int32, device=device)
+        t = torch.empty(numel, dtype=torch.int32, device=device)
         setattr(rs, name, t)
     return t
 

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast, commit_rows, prefetch_hint, ranked_key, silu, softplus
+from .common import cast, prefetch_hint, silu, softplus
 from .launch import Launch, cache_lines, last_contig, out_like, state_scratch, tma_rows
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
@@ -201,9 +201,6 @@ CURSOR_BLOCK = 256
 # b512 Nano 911.7 vs 902.8 (Super equal): per-row above batch 128.
 COMMIT_LIST = True
 COMMIT_LIST_MAX = 128
-# ... and in one launch: the fold programs find the rows themselves and the last of a ticket
-# moves the cursors (common.commit_rows), no _commit_list_kernel. OVERRIDE["fold"]["one_launch"].
-COMMIT_ONE_LAUNCH = False
 # Verify: load the buffer tiles for all rows < min(K, L) before the cursor arrives (rows >= n
 # zeroed after): one dependent round trip less per program, up to K - n rows more read.
 VERIFY_EARLY_BUF = True
@@ -786,7 +783,7 @@ def _replay_eager_kernel(
 # ----------------------------------------------------------------------------- fold (flush / commit)
 @triton.jit
 def _fold_kernel(
-    idx_ptr, acc_ptr, cur_ptr, tk_ptr, bx_ptr, bB_ptr, bdt_ptr, A_ptr,
+    idx_ptr, acc_ptr, cur_ptr, bx_ptr, bB_ptr, bdt_ptr, A_ptr,
     hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     THRESH, P, N, L, HPG,
     s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
@@ -795,7 +792,6 @@ def _fold_kernel(
     HAS_ACC: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr,
     USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr,
     LIST: tl.constexpr = False, ROWS=0, NW=1, NT: tl.constexpr = 1,
-    ONE_LAUNCH: tl.constexpr = False, BLOCK_B: tl.constexpr = 1,
 ):
     """Fold buffer entries 0..n-1 into the high checkpoint tile and write it (and the low
     copy in dual mode), where n = cursor[slot] (+ accepted[row] for a commit) and only if
@@ -803,23 +799,15 @@ def _fold_kernel(
     LIST (a commit after _commit_list_kernel, which has moved the cursors): grid dim 2 is NW
     workers; acc_ptr holds the folding rows as (r << 16) | n at ranks 0.., their count at
     [ROWS]; worker w folds the ranks w, w + NW, ... < the count (NT = cdiv(ROWS, NW) slots;
-    no program per batch row that only finds nothing to do). LIST + ONE_LAUNCH (the commit in
-    one launch): acc_ptr holds the accepted counts and every program finds the folding rows
-    itself; the last of a grid-wide ticket tk[0] moves the cursors (common.commit_rows)."""
+    no program per batch row that only finds nothing to do)."""
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     if LIST:
         w = tl.program_id(2)
-        if ONE_LAUNCH:
-            bb, m, fl, rank, mine = commit_rows(idx_ptr, acc_ptr, cur_ptr, tk_ptr, ROWS, THRESH, w, NW, BLOCK_B)
-        else:
-            mine = (tl.load(acc_ptr + ROWS) - w + NW - 1) // NW
+        mine = (tl.load(acc_ptr + ROWS) - w + NW - 1) // NW
         for t in range(NT):       # (a loop bound loaded from memory: not under the interpreter)
             if t < mine:
-                if ONE_LAUNCH:
-                    key = ranked_key(bb, m, fl, rank, w + t * NW)
-                else:
-                    key = tl.load(acc_ptr + w + t * NW)
+                key = tl.load(acc_ptr + w + t * NW)
                 slot = tl.load(idx_ptr + (key >> 16)).to(tl.int64)
                 _fold_head(slot, key & 0xFFFF, pid_p, h, bx_ptr, bB_ptr, bdt_ptr, A_ptr, hi_ptr, hi_sc_ptr, lo_ptr,
                            lo_sc_ptr, P, N, L, HPG, s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
@@ -1335,13 +1323,11 @@ def replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, adva
     return y
 
 
-def plan_fold(rs, A, idx, thresh: int, accepted=None, listed=None, ticket=None):
+def plan_fold(rs, A, idx, thresh: int, accepted=None, listed=None):
     """[launch] of the fold over rows idx [r] (slots; negative = skip): entries 0..n-1 with
     n = cursor (+ accepted[r]) are folded into the checkpoint where n >= thresh.
     The cursor is not touched (the caller runs the cursor pass). listed = (lst, workers): the
-    rows _commit_list_kernel listed in lst, folded by that many workers per head tile instead;
-    with ticket (the zeroed counter [1] int32), lst is unread: the fold finds the rows from
-    accepted itself and moves the cursors (ONE_LAUNCH, the commit in one launch)."""
+    rows _commit_list_kernel listed in lst, folded by that many workers per head tile instead."""
     rows = idx.shape[0]
     if rows == 0:
         return []
@@ -1362,11 +1348,8 @@ def plan_fold(rs, A, idx, thresh: int, accepted=None, listed=None, ticket=None):
         acc, nw = listed
         grid = grid[:2] + (nw,)
         extra = dict(LIST=True, ROWS=rows, NW=nw, NT=triton.cdiv(rows, nw))
-        if ticket is not None:
-            acc = accepted
-            extra.update(ONE_LAUNCH=True, BLOCK_B=triton.next_power_of_2(rows))
     return [_record(_fold_kernel, grid)(
-        idx, acc, rs.cursor, idx if ticket is None else ticket, rs.x, rs.B, rs.dt, A,
+        idx, acc, rs.cursor, rs.x, rs.B, rs.dt, A,
         hi_d, hi_s, lo_d, lo_s,
         thresh, P, N, L, H // G,
         *_buffer_strides(rs), *_ckpt_strides(rs),
@@ -1401,9 +1384,6 @@ def plan_commit(rs, A, accepted, state_indices=None):
         return plan_fold(rs, A, idx, rs.flush_period, accepted) + plan_cursor(rs, idx, bsz, 1, accepted)
     lst = state_scratch(rs, "_m2_commit_rows", bsz + 1, accepted.device)   # listed rows, then their count
     nw = max(1, min(bsz, triton.cdiv(bsz * max(1, rs.capacity - rs.flush_period), rs.flush_period)))
-    if OVERRIDE.get("fold", {}).get("one_launch", COMMIT_ONE_LAUNCH):
-        tk = state_scratch(rs, "_m2_commit_ticket", 1, accepted.device, zero=True)
-        return plan_fold(rs, A, idx, rs.flush_period, accepted, listed=(lst, nw), ticket=tk)
     bb = triton.next_power_of_2(bsz)
     return ([_record(_commit_list_kernel, (1,))(idx, accepted, rs.cursor, lst, bsz, rs.flush_period, BLOCK_B=bb,
                                                 num_warps=4 if bb >= 256 else 1)]

@@ -424,6 +424,14 @@ def test_commit_route_plan():
     assert [p[0] for p in dual_step] == [TK._gdn_commit_cursor_kernel, TK._gdn_flush_step_kernel]
     assert dual_step[1][3]["DUAL"] and not dual_step[1][3]["WRITE_O"]
     assert [p[0] for p in TK.plan_commit(rs("replay"), acc, None, {"COMMIT_FOLD": True})] == [TK._gdn_fold_kernel]
+    # at <= 32 value heads (Qwen3.5-4B) the fold is balanced over 6 programs per SM (132 for
+    # 'meta' plans), each with at most cdiv(256 x 32 x 8, 792) = 83 16-row chunks: 12 segments
+    small = GDNReplayState.allocate(batch, Hk, 32, dk, dv, K + T, K, device="meta")
+    snap, bal = TK.plan_commit(small, acc, None)
+    assert (snap[0], bal[0], bal[1]) == (TK._gdn_commit_cursor_kernel, TK._gdn_commit_balanced_kernel, (792,))
+    assert (bal[3]["NSEG"], bal[3]["BLOCK_R"], bal[3]["maxnreg"], bal[3]["PF"]) == (12, 16, 168, 0)
+    assert TK.plan_commit(GDNReplayState.allocate(64, Hk, 32, dk, dv, K + T, K, device="meta"),
+                          acc[:64], None)[1][0] is TK._gdn_flush_step_kernel        # batch <= 64: the flush step
 
 
 @pytest.mark.shipped_routes
@@ -536,20 +544,15 @@ VERIFY_CASES = [
      {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_CHUNK_K": 16}),
     ("commit-2pass-dual-f16-gqa-T4", GQA, "dual", "float32", "float16", torch.float32, 4, 3, 7,
      {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_BLOCK_V": 16}),
-    # the commit in one launch (ONE_LAUNCH: every fold program lists the rows, the last of a
-    # ticket moves the cursors): the flush step (with the next chunk's u loaded early, U_PF; 2
-    # row blocks of 2 chunks, the last partly past dv) and the two-pass dual kernel
-    ("commit-one-launch-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
-     {"F_ONE_LAUNCH": True, "F_U_PF": True, "F_BLOCK_V": 16, "F_NR": 2}),
-    ("commit-one-launch-2pass-dual-bf16-gqa-T4", GQA, "dual", "float32", "bfloat16", torch.float32, 4, 3, 7,
-     {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_ONE_LAUNCH": True}),
     # the fp32 commit's fold balanced over a fixed grid (BALANCED programs per SM; 4 "SMs" off a
     # GPU): ranges of chunks that cross (row, head) segments (dv 40: 3 chunks, the last partly
     # masked); GQA with one chunk per head and more programs than chunks
     ("commit-balanced-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
-     {"F_BALANCED": 1, "F_BLOCK_V": 16}),
+     {"F_BALANCED": {"per_sm": 1}, "F_BLOCK_V": 16}),
     ("commit-balanced-f32-gqa-T2", GQA, "replay", "float32", None, torch.float32, 2, 3, 5,
-     {"F_BALANCED": 2, "F_BLOCK_V": 16}),
+     {"F_BALANCED": {"per_sm": 2, "BLOCK_V": 16}}),
+    ("commit-balanced-bf16-state-T4", TALL, "replay", "bfloat16", None, torch.bfloat16, 4, 4, 8,
+     {"F_BALANCED": {"per_sm": 1, "max_hv": 2}, "F_BLOCK_V": 16}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
@@ -660,6 +663,9 @@ for b in (1, 256):
     for mode, lo in (("replay", None), ("dual", "bfloat16")):
         for j, p in enumerate(G.plan_commit(rs(mode, lo, 20), acc, None, {"COMMIT_FOLD": False})):
             res[f"commit {mode} b{b} launch {j}"] = p
+    if b > 1:   # Qwen3.5-4B's 32 value heads: the balanced fold
+        half = GDNReplayState.allocate(8, Hk, 32, dk, dv, 20, 16, device=M)
+        res[f"commit balanced b{b} launch 1"] = G.plan_commit(half, acc, None)[1]
     iv6 = x(b, 6)
     res[f"verify T6 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 22), **iv6, state_indices=None, scale=.1, o=iv6["v"])
     iv8 = x(b, 8)
@@ -771,14 +777,21 @@ def test_cuda_graph_replay_steps(mode, lo):
 
 
 @cuda_only
-@pytest.mark.parametrize("T", [4, 6])
-def test_cuda_graph_verify_commit(T):
+@pytest.mark.parametrize("mode,lo,batch,T", [("dual", "bfloat16", 8, 4), ("dual", "bfloat16", 8, 6),
+                                            ("replay", None, 96, 4)], ids=["dual-T4", "dual-T6", "f32-b96-T4"])
+def test_cuda_graph_verify_commit(mode, lo, batch, T):
     """verify + commit (accepted counts read from a device tensor) captured in one graph, 64
-    rounds; dual bf16 at T 4 and 6, the table's register-budgeted verify launches."""
-    sh, batch, K = QWEN["qwen3.5-4b"], 8, 6
+    rounds; dual bf16 at T 4 and 6, the table's register-budgeted verify launches; fp32 at
+    batch 96, whose commit takes the balanced fold (a grid of 6 programs per SM, whatever the
+    number of flushing rows)."""
+    sh, K = QWEN["qwen3.5-4b"], 6
     g = gen(10)
-    rs, rr = make_pair(sh, 8, K + T, K, "dual", "float32", "bfloat16", torch.bfloat16, g)
-    idx = random_rows(8, batch, g)
+    rs, rr = make_pair(sh, batch + 8, K + T, K, mode, "float32", lo, torch.bfloat16, g)
+    if batch > 64:
+        from replayssm.triton import gdn as TK
+        plan = TK.plan_commit(rs, torch.zeros(batch, dtype=torch.int64, device=DEV), None)
+        assert plan[1][0] is TK._gdn_commit_balanced_kernel
+    idx = random_rows(batch + 8, batch, g)
     static = step_inputs(sh, batch, torch.bfloat16, g, T=T)
     acc = torch.zeros(batch, dtype=torch.int64, device=DEV)
     out = torch.empty_like(static["v"])

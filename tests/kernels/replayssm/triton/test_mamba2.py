@@ -467,17 +467,14 @@ def test_verify_commit(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("listed,one,rounds", [(True, False, 40), (True, True, 24), (False, False, 12)],
-                         ids=["list", "one-launch", "per-row"])
-def test_commit_routes_long_horizon(device, listed, one, rounds, monkeypatch):
+@pytest.mark.parametrize("listed,rounds", [(True, 40), (False, 12)], ids=["list", "per-row"])
+def test_commit_routes_long_horizon(device, listed, rounds, monkeypatch):
     """Rounds of verify + commit with random accepts 0..T per row over random row subsets
-    (padded rows too) through the commit's routes: the folding rows listed and folded by NW
-    workers per head (COMMIT_LIST, the default; 40 rounds), the same in one launch (the fold
-    finds the rows, the last of a ticket moves the cursors; 24) and one fold program per row
-    (12). Outputs, cursors and checkpoints stay the reference's; many folds, several in one
-    commit."""
+    (padded rows too) through the commit's two routes: the folding rows listed and folded by
+    NW workers per head (COMMIT_LIST, the default; 40 rounds) and one fold program per row (12).
+    Outputs, cursors and checkpoints stay the reference's; many folds, several in one commit."""
     from replayssm.triton import mamba2 as tk
-    monkeypatch.setitem(tk.OVERRIDE, "fold", {"list": listed, "one_launch": one})
+    monkeypatch.setitem(tk.OVERRIDE, "fold", {"list": listed})
     T, K, slots, batch = 3, 4, 9, 6
     g = gen(64)
     rs, rr = make_pair(TINY, slots, K + T, K, "replay", "float32", None, torch.bfloat16, g)
@@ -494,9 +491,7 @@ def test_commit_routes_long_horizon(device, listed, one, rounds, monkeypatch):
         live = idx >= 0
         n = int((rr.cursor[idx[live].long()] + acc[live] >= K).sum())
         folds, multi = folds + n, multi + (n > 1)
-        plans = tk.plan_commit(rs, p["A"], acc, idx)
-        assert (plans[0].kernel is tk._commit_list_kernel) == (listed and not one)
-        assert len(plans) == (1 if one else 2) and plans[-1].meta.get("ONE_LAUNCH", False) == one
+        assert (tk.plan_commit(rs, p["A"], acc, idx)[0].kernel is tk._commit_list_kernel) == listed
         M.commit(rs, p["A"], acc, state_indices=idx)
         R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
         state_check(rs, rr, f"round {rnd}")
