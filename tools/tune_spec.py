@@ -253,6 +253,7 @@ GDN_VARIANTS: dict[str, dict] = {
     "bal3-v32w4-r168": {"fold": dict(F_BALANCED={"per_sm": 3, "BLOCK_V": 32, "num_warps": 4, "maxnreg": 168})},
     "bal4-pf0": {"fold": dict(F_BALANCED={"per_sm": 4, "PF": 0, "maxnreg": None})},
     "bal5-r192-pf0": {"fold": dict(F_BALANCED={"per_sm": 5, "maxnreg": 192, "PF": 0})},
+    "bal-any-t": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "max_hv": 32})},   # T > 4 too
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

@@ -62,7 +62,7 @@ _BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 2, "SPLIT": True}     # 16/8-
 # The fp32 commit's fold balanced over a fixed grid (_gdn_commit_balanced_kernel) where the state
 # has at most max_hv value heads: per_sm programs per SM of 2 warps under a 168-register budget
 # (ptxas alone: 214), no prefetch hints (PF 0: 138.5 vs 140.1 us with L1 hints, Qwen3.5-4B b128)
-_BALANCED_COMMIT = {"max_hv": 32, "per_sm": 6, "maxnreg": 168, "PF": 0}
+_BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF": 0}
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager, batch > 64: 16 rows x 1 warp (Qwen3.5-122B b256: 539 us vs 549 for 32 x 4 warps,
@@ -1826,17 +1826,18 @@ def _sm_count(device) -> int:
 def _balanced_fits(rs: GDNReplayState, fc: dict) -> bool:
     """The commit row's BALANCED dict applies (_gdn_commit_balanced_kernel): non-dual, the
     matrix-product fold (FOLD_MMA; a 16- or 32-bit high copy, at most 64 entries), at most
-    its "max_hv" value heads."""
+    its "max_hv" value heads and a draft window T = capacity - K of at most its "max_t"."""
     bal = fc.get("BALANCED")
     return bool(bal) and rs.mode != "dual" and bool(fc.get("FOLD_MMA")) and rs.hi.scale is None \
-        and rs.capacity <= 64 and rs.hi.data.shape[1] <= bal.get("max_hv", 1 << 30)
+        and rs.capacity <= 64 and rs.hi.data.shape[1] <= bal.get("max_hv", 1 << 30) \
+        and rs.capacity - rs.flush_period <= bal.get("max_t", 1 << 30)
 
 
 def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict, fold_prec: str):
     """Plan of _gdn_commit_balanced_kernel over the rows lst lists. fc["BALANCED"]: "per_sm"
     programs per SM, and its own launch keys ("maxnreg", "num_warps", "BLOCK_V": rows per
     chunk, "PF": prefetch hints) over the commit row's."""
-    fc = {**fc, **{k: v for k, v in fc["BALANCED"].items() if k not in ("per_sm", "max_hv")}}
+    fc = {**fc, **{k: v for k, v in fc["BALANCED"].items() if k not in ("per_sm", "max_hv", "max_t")}}
     _, Hv, dv, dk = rs.hi.data.shape
     br = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
     nc = triton.cdiv(dv, br)
