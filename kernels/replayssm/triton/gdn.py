@@ -60,8 +60,9 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 # buffer reads; SPLIT = output-only launch + flush-step launch (else the fused kernel, ticket cursor).
 _BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 2, "SPLIT": True}     # 16/8-bit read copies, batch > 64
 # The fp32 commit's fold balanced over a fixed grid (_gdn_commit_balanced_kernel) where the state
-# has at most max_hv value heads: per_sm programs per SM of 2 warps under a 168-register budget
-# (ptxas alone: 214), no prefetch hints (PF 0: 138.5 vs 140.1 us with L1 hints, Qwen3.5-4B b128)
+# has at most max_hv value heads and T is at most max_t (at T 6 it lost, docs/kernels.md session
+# 14): per_sm programs per SM of 2 warps under a 168-register budget (ptxas alone: 214), no
+# prefetch hints (PF 0: 138.5 vs 140.3 us with L1 hints, Qwen3.5-4B b128)
 _BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF": 0}
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 CONFIGS: dict[str, list[tuple]] = {
@@ -1015,9 +1016,9 @@ def _gdn_commit_balanced_kernel(
     PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
     FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
 ):
-    """Fold of a speculative commit (non-dual states, a 16- or 32-bit high copy), balanced over a fixed grid: the second
-    launch after _gdn_commit_cursor_kernel (COMPACT), which listed the flushing rows,
-    lst[r] = (b << 16) | n for ranks r < lst[batch].
+    """Fold of a speculative commit (non-dual states, a 16- or 32-bit high copy), balanced over
+    a fixed grid: the second launch after _gdn_commit_cursor_kernel (COMPACT), which listed the
+    flushing rows, lst[r] = (b << 16) | n for ranks r < lst[batch].
 
     The work is count x Hv x NC items, item (r, h, c) = chunk c (BLOCK_R rows, NC per head)
     of value head h of the row of rank r, in that order; program p of NP folds the contiguous
@@ -1784,9 +1785,10 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     """Launch plans of a speculative commit: [the cursor launch (_gdn_commit_cursor_kernel: the
     cursors moved, the flushing rows listed), then the fold]: fp32 states the flush step's
     FOLD_MMA fold (no output), or where the row's BALANCED applies (at most its max_hv value
-    heads) the balanced fold (_gdn_commit_balanced_kernel); dual states with a 16-bit low copy
-    (TWO_PASS) the two-pass kernel (_gdn_dual_2pass_kernel). Where the row (or the config) says COMMIT_FOLD, or
-    TWO_PASS cannot take the state (fp8 low copy): [the rank-1 fold kernel, ticket cursor]."""
+    heads, T <= its max_t) the balanced fold (_gdn_commit_balanced_kernel); dual states with a
+    16-bit low copy (TWO_PASS) the two-pass kernel (_gdn_dual_2pass_kernel). Where the row (or
+    the config) says COMMIT_FOLD, or TWO_PASS cannot take the state (fp8 low copy): [the rank-1
+    fold kernel, ticket cursor]."""
     batch = accepted.shape[0]
     if batch >= 1 << 15:
         raise ValueError(f"commit: batch {batch} > 32767 (the flush step packs the row index in 15 bits)")

@@ -432,6 +432,9 @@ def test_commit_route_plan():
     assert (bal[3]["NSEG"], bal[3]["BLOCK_R"], bal[3]["maxnreg"], bal[3]["PF"]) == (12, 16, 168, 0)
     assert TK.plan_commit(GDNReplayState.allocate(64, Hk, 32, dk, dv, K + T, K, device="meta"),
                           acc[:64], None)[1][0] is TK._gdn_flush_step_kernel        # batch <= 64: the flush step
+    assert TK.plan_commit(GDNReplayState.allocate(batch, Hk, 32, dk, dv, K + 6, K, device="meta"),
+                          acc, None)[1][0] is TK._gdn_flush_step_kernel             # T 6: the flush step
+    assert TK.plan_commit(small, acc, None, {"F_BALANCED": None})[1][0] is TK._gdn_flush_step_kernel
 
 
 @pytest.mark.shipped_routes
