@@ -790,6 +790,26 @@ def _u_tile(ub_ptr, ent, h, rr, lm, HV: tl.constexpr, DV: tl.constexpr):
 
 
 @triton.jit
+def _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK: tl.constexpr, DK: tl.constexpr, EPS: tl.constexpr):
+    """A folding row's raw keys kb [BL, BK] of key head kh (entries not in lm: 0), as fp32 kf,
+    and rk = 1 / |k_i|: (kb, kf, rk)."""
+    kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :], mask=lm[:, None] & cmask[None, :],
+                 other=0.0)
+    kf = kb.to(tl.float32)
+    return kb, kf, tl.rsqrt(tl.sum(kf * kf, 1) + EPS)
+
+
+@triton.jit
+def _fold_decays(gb_ptr, el, lm, rk):
+    """A value head's decays over the folding entries (el = entry * HV + head; lm: entries
+    0..n): (c [BL] the running sums of g, C_n their total, w_i = e^{C_n - c_i} / |k_i|, 0 past n)."""
+    gl = tl.load(gb_ptr + el, mask=lm, other=0.0).to(tl.float32)
+    cl = tl.cumsum(gl, 0)
+    Cn = tl.sum(gl, 0)
+    return cl, Cn, tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)                     # exponents <= 0
+
+
+@triton.jit
 def _gdn_flush_step_kernel(
     q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
@@ -886,10 +906,7 @@ def _gdn_flush_step_kernel(
                 ll = tl.arange(0, BLOCK_L)
                 lm = ll <= n
                 ent = slot64 * L + ll
-                kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :],
-                             mask=lm[:, None] & cmask[None, :], other=0.0)              # [BL, BK] raw keys
-                kf = kb.to(tl.float32)
-                rk = tl.rsqrt(tl.sum(kf * kf, 1) + EPS)                                  # 1 / |k_i|
+                kb, kf, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)
             if DUAL:
                 if WRITE_O:
                     qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -905,10 +922,7 @@ def _gdn_flush_step_kernel(
                 h = h0 + hh
                 if FOLD_MMA:   # per-head coefficients, shared by the head's NR chunks
                     el = ent * HV + h
-                    gl = tl.load(gb_ptr + el, mask=lm, other=0.0).to(tl.float32)
-                    cl = tl.cumsum(gl, 0)
-                    Cn = tl.sum(gl, 0)
-                    wl = tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)                   # exponents <= 0
+                    cl, Cn, wl = _fold_decays(gb_ptr, el, lm, rk)
                     if DUAL:
                         bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
                         M = tl.where(ups, bl[None, :] * tl.exp(tl.where(ups, cl[None, :] - cl[:, None], 0.0)) * KK,
@@ -1059,14 +1073,8 @@ def _gdn_commit_balanced_kernel(
                                 INTERP)
             lm = ll <= n
             ent = slot64 * L + ll
-            kb = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cols[None, :],
-                         mask=lm[:, None] & cmask[None, :], other=0.0)                  # [BL, BK] raw keys
-            kf = kb.to(tl.float32)
-            rk = tl.rsqrt(tl.sum(kf * kf, 1) + EPS)
-            gl = tl.load(gb_ptr + ent * HV + h, mask=lm, other=0.0).to(tl.float32)
-            cl = tl.cumsum(gl, 0)
-            Cn = tl.sum(gl, 0)
-            wl = tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)                              # exponents <= 0
+            _, kf, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)
+            _, Cn, wl = _fold_decays(gb_ptr, ent * HV + h, lm, rk)
             eC = tl.exp(Cn)
             for c in range(NC):
                 if (c >= c_lo) & (c < c_hi):
@@ -1617,16 +1625,21 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                 HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)
     _launch_options(meta, fc)
-    # FOLD_MMA (see the kernel): a 16- or 32-bit high copy (fp8 keeps its rank-1 fold), tiles
-    # tl.dot takes (>= 16), at most 64 entries (_unit_tri_inv_minus_eye)
-    if (fc.get("FOLD_MMA") and rs.hi.data.dtype != torch.float8_e4m3fn
-            and min(fm["BLOCK_R"], fc["BLOCK_K"]) >= 16 and L <= 64):
+    if _fold_mma_fits(rs, fc, fm["BLOCK_R"]):
         meta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
                     FOLD_PREC=_fold_precision(rs, fc),
                     P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
                     SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
                     GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
     return _gdn_flush_step_kernel, grid, args, meta
+
+
+def _fold_mma_fits(rs: GDNReplayState, fc: dict, block_r: int) -> bool:
+    """The row's FOLD_MMA applies (the flush step's matrix-product fold, see the kernel): a 16-
+    or 32-bit high copy (fp8 keeps its rank-1 fold), tiles tl.dot takes (>= 16), at most 64
+    entries (_unit_tri_inv_minus_eye)."""
+    return (bool(fc.get("FOLD_MMA")) and rs.hi.data.dtype != torch.float8_e4m3fn
+            and min(block_r, fc["BLOCK_K"]) >= 16 and rs.capacity <= 64)
 
 
 def _fold_precision(rs: GDNReplayState, fc: dict) -> str:
@@ -1808,7 +1821,7 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     if two_pass:
         fold = _plan_dual_2pass(rs, rs.k, rs.u, idx, nxt, batch, 1.0, fc, T, write_o=False, compact=True)
     elif compact and _balanced_fits(rs, fc):
-        fold = _plan_commit_balanced(rs, idx, nxt, batch, fc, _fold_precision(rs, fc))
+        fold = _plan_commit_balanced(rs, idx, nxt, batch, fc)
     else:
         fold = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T,
                                 write_o=False, compact=compact)
@@ -1827,15 +1840,15 @@ def _sm_count(device) -> int:
 
 def _balanced_fits(rs: GDNReplayState, fc: dict) -> bool:
     """The commit row's BALANCED dict applies (_gdn_commit_balanced_kernel): non-dual, the
-    matrix-product fold (FOLD_MMA; a 16- or 32-bit high copy, at most 64 entries), at most
-    its "max_hv" value heads and a draft window T = capacity - K of at most its "max_t"."""
+    matrix-product fold (_fold_mma_fits; its chunks have >= 16 rows), at most its "max_hv"
+    value heads and a draft window T = capacity - K of at most its "max_t"."""
     bal = fc.get("BALANCED")
-    return bool(bal) and rs.mode != "dual" and bool(fc.get("FOLD_MMA")) and rs.hi.scale is None \
-        and rs.capacity <= 64 and rs.hi.data.shape[1] <= bal.get("max_hv", 1 << 30) \
+    return bool(bal) and rs.mode != "dual" and _fold_mma_fits(rs, fc, 16) \
+        and rs.hi.data.shape[1] <= bal.get("max_hv", 1 << 30) \
         and rs.capacity - rs.flush_period <= bal.get("max_t", 1 << 30)
 
 
-def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict, fold_prec: str):
+def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict):
     """Plan of _gdn_commit_balanced_kernel over the rows lst lists. fc["BALANCED"]: "per_sm"
     programs per SM, and its own launch keys ("maxnreg", "num_warps", "BLOCK_V": rows per
     chunk, "PF": prefetch hints) over the commit row's."""
@@ -1850,7 +1863,7 @@ def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict, fo
     args = [lst, idx, rs.hi.data, rs.u, rs.k, rs.g, batch]
     meta = dict(HV=Hv, HK=rs.k.shape[2], DK=dk, DV=dv, L=rs.capacity, BLOCK_R=br, BLOCK_K=fc["BLOCK_K"],
                 BLOCK_L=max(16, triton.next_power_of_2(rs.capacity)), NSEG=triton.cdiv(most - 1, nc) + 1,
-                PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, FOLD_PREC=fold_prec,
+                PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, FOLD_PREC=_fold_precision(rs, fc),
                 INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
     _launch_options(meta, fc)
     return _gdn_commit_balanced_kernel, (nprog,), args, meta
