@@ -1024,11 +1024,11 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
 
 @triton.jit
 def _gdn_commit_balanced_kernel(
-    lst_ptr, idx_ptr, hi_ptr, ub_ptr, kb_ptr, gb_ptr, batch,
+    lst_ptr, idx_ptr, hi_ptr, ub_ptr, kb_ptr, gb_ptr, w_ptr, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NSEG: tl.constexpr,
     PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
-    FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, FOLD_FMA: tl.constexpr = False,
 ):
     """Fold of a speculative commit (non-dual states, a 16- or 32-bit high copy), balanced over
     a fixed grid: the second launch after _gdn_commit_cursor_kernel (COMPACT), which listed the
@@ -1076,6 +1076,10 @@ def _gdn_commit_balanced_kernel(
             _, kf, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)
             _, Cn, wl = _fold_decays(gb_ptr, ent * HV + h, lm, rk)
             eC = tl.exp(Cn)
+            if FOLD_FMA:   # the weights through scratch w [NP, 2, BLOCK_L], read back as scalars
+                wsc = w_ptr + (p * 2 + sg % 2) * BLOCK_L     # (two slots: no barrier before the store)
+                tl.store(wsc + ll, wl)
+                tl.debug_barrier()
             for c in range(NC):
                 if (c >= c_lo) & (c < c_hi):
                     if c + PF_DIST < c_hi:
@@ -1087,8 +1091,18 @@ def _gdn_commit_balanced_kernel(
                     tile = row[:, None] * DK + cols[None, :]
                     m2 = rm[:, None] & cmask[None, :]
                     S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
-                    U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
-                    S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
+                    if FOLD_FMA:   # L rank-1 updates in the tile's own layout: no MMA operands
+                        S = eC * S
+                        for i in tl.static_range(L):
+                            ok = i <= n
+                            ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & ok,
+                                         other=0.0).to(tl.float32) * tl.load(wsc + i)
+                            ui = tl.load(ub_ptr + ((slot64 * L + i) * HV + h) * DV + rr, mask=rm & ok,
+                                         other=0.0).to(tl.float32)
+                            S += ui[:, None] * ki[None, :]
+                    else:
+                        U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
+                        S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
                     _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
 
 
@@ -1854,17 +1868,20 @@ def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict):
     chunk, "PF": prefetch hints) over the commit row's."""
     fc = {**fc, **{k: v for k, v in fc["BALANCED"].items() if k not in ("per_sm", "max_hv", "max_t")}}
     _, Hv, dv, dk = rs.hi.data.shape
-    br = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
+    fma = bool(fc.get("FMA"))
+    br = max(1 if fma else 16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))     # (MMA operands: >= 16 rows)
     nc = triton.cdiv(dv, br)
     nprog = _sm_count(lst.device) * int(fc["BALANCED"]["per_sm"])
     most = max(1, triton.cdiv(batch * Hv * nc, nprog))          # chunks a program folds, at most
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
     fm = replay_meta(fc, rs.capacity, dv, 1)
-    args = [lst, idx, rs.hi.data, rs.u, rs.k, rs.g, batch]
+    bl = max(16, triton.next_power_of_2(rs.capacity))
+    w = state_scratch(rs, "_gdn_bal_w", nprog * 2 * bl if fma else 1, lst.device).view(torch.float32)
+    args = [lst, idx, rs.hi.data, rs.u, rs.k, rs.g, w, batch]
     meta = dict(HV=Hv, HK=rs.k.shape[2], DK=dk, DV=dv, L=rs.capacity, BLOCK_R=br, BLOCK_K=fc["BLOCK_K"],
-                BLOCK_L=max(16, triton.next_power_of_2(rs.capacity)), NSEG=triton.cdiv(most - 1, nc) + 1,
+                BLOCK_L=bl, NSEG=triton.cdiv(most - 1, nc) + 1,
                 PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, FOLD_PREC=_fold_precision(rs, fc),
-                INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
+                INTERP=interpreting(), EPS=L2_EPS, FOLD_FMA=fma, num_warps=fc["num_warps"])
     _launch_options(meta, fc)
     return _gdn_commit_balanced_kernel, (nprog,), args, meta
 

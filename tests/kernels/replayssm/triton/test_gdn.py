@@ -556,6 +556,14 @@ VERIFY_CASES = [
      {"F_BALANCED": {"per_sm": 2, "BLOCK_V": 16}}),
     ("commit-balanced-bf16-state-T4", TALL, "replay", "bfloat16", None, torch.bfloat16, 4, 4, 8,
      {"F_BALANCED": {"per_sm": 1, "max_hv": 2}, "F_BLOCK_V": 16}),
+    # its FMA form (rank-1 updates in the tile's layout; the weights through per-program scratch):
+    # 8-row chunks on one warp (dv 40: 5 chunks), GQA on two warps, a bf16 state
+    ("commit-balanced-fma-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
+     {"F_BALANCED": {"per_sm": 2, "FMA": True, "BLOCK_V": 8, "num_warps": 1}}),
+    ("commit-balanced-fma-f32-gqa-T2", GQA, "replay", "float32", None, torch.float32, 2, 3, 5,
+     {"F_BALANCED": {"per_sm": 2, "FMA": True, "BLOCK_V": 16, "num_warps": 2}}),
+    ("commit-balanced-fma-bf16-state-T4", TALL, "replay", "bfloat16", None, torch.bfloat16, 4, 4, 8,
+     {"F_BALANCED": {"per_sm": 1, "max_hv": 2, "FMA": True, "BLOCK_V": 4, "num_warps": 1}}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
