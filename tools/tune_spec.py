@@ -270,6 +270,8 @@ GDN_VARIANTS: dict[str, dict] = {
                                               "maxnreg": None})},
     "fma-w1-v16-p16-r128": {"fold": dict(F_BALANCED={"per_sm": 16, "FMA": True, "BLOCK_V": 16, "num_warps": 1,
                                                      "PF": 0, "maxnreg": 128})},
+    # the round's launches as programmatic dependents (gdn.COMMIT_PDL): off, side by side
+    "no-pdl": {"PDL": False, "fold": dict(PDL=False)},
     "fma-w2-v16-p10": {"fold": dict(F_BALANCED={"per_sm": 10, "FMA": True, "BLOCK_V": 16, "num_warps": 2, "PF": 0,
                                                "maxnreg": None})},
 }

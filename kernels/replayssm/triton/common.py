@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -71,3 +72,20 @@ def prefetch_hint(base, starts, LPR: tl.constexpr, LS: tl.constexpr, PF: tl.cons
             else:
                 tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                                           dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def gdc_wait_prior(GDC: tl.constexpr):
+    """With GDC (the kernel was launched as a programmatic dependent, launch.pdl_meta): wait
+    until the kernel ahead of it in the stream has finished and its writes are visible. Call
+    it before the first load or store."""
+    if GDC:
+        gdc_wait()
+
+
+@triton.jit
+def gdc_release(GDC: tl.constexpr):
+    """With GDC: let the programmatic dependent launch behind this kernel start (its programs
+    wait in gdc_wait_prior until this kernel has finished). No effect on other launches."""
+    if GDC:
+        gdc_launch_dependents()

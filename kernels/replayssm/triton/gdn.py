@@ -41,8 +41,8 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
-from .common import cast, prefetch_hint
-from .launch import cache_lines, last_contig, state_scratch, tma_rows
+from .common import cast, gdc_release, gdc_wait_prior, prefetch_hint
+from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
@@ -64,6 +64,10 @@ _BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 2, "SPLIT": True}     # 16/8-
 # 14): per_sm programs per SM of 2 warps under a 168-register budget (ptxas alone: 214), no
 # prefetch hints (PF 0: 138.5 vs 140.3 us with L1 hints, Qwen3.5-4B b128)
 _BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF": 0}
+# The speculative round's launches as programmatic dependents (launch.pdl_meta): the verify lets
+# the commit's cursor launch start early, which lets the fold start early (each waits for the
+# kernel ahead of it before touching memory). Config key PDL overrides it per call.
+COMMIT_PDL = True
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager, batch > 64: 16 rows x 1 warp (Qwen3.5-122B b256: 539 us vs 549 for 32 x 4 warps,
@@ -821,7 +825,7 @@ def _gdn_flush_step_kernel(
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
-    WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False,
+    WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, GDC: tl.constexpr = False,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -860,7 +864,10 @@ def _gdn_flush_step_kernel(
     COMPACT (the commit): the cursor launch has already moved the cursors and listed the
     flushing rows, nxt[r] = (b << 16) | n for ranks r < nxt[batch] (their count); a worker
     reads only its own ranks' entries, no batch-wide scan (_gdn_commit_cursor_kernel).
+    GDC: launched as a programmatic dependent (of the commit's cursor launch), it waits for the
+    kernel ahead of it before any load.
     """
+    gdc_wait_prior(GDC)
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
     NRS: tl.constexpr = (DV + RP - 1) // RP
@@ -996,7 +1003,7 @@ def _gdn_flush_step_kernel(
 
 @triton.jit
 def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B: tl.constexpr,
-                              COMPACT: tl.constexpr):
+                              COMPACT: tl.constexpr, GDC: tl.constexpr = False):
     """First launch of a speculative commit, one program: with m = cursor + accepted[b],
     COMPACT: moves the cursors (0 where m >= K: the row flushes; else m) and lists the flushing
       rows for the flush step, nxt[r] = (b << 16) | (m - 1) at their ranks r, and their count
@@ -1005,7 +1012,11 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
       nothing committed: the flush step then leaves it alone), and the flush step moves the
       cursors.
     A launch of its own because the flush step's programs must all see the cursors before
-    any of them moves (in the flush step, one worker block writes them)."""
+    any of them moves (in the flush step, one worker block writes them).
+    GDC (a programmatic dependent launch): waits for the kernel ahead of it (the verify), then
+    lets the fold behind it launch, whose programs wait in turn."""
+    gdc_wait_prior(GDC)
+    gdc_release(GDC)
     bb = tl.arange(0, BLOCK_B)
     bm = bb < batch
     slot = tl.load(idx_ptr + bb, mask=bm, other=-1)
@@ -1029,6 +1040,7 @@ def _gdn_commit_balanced_kernel(
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NSEG: tl.constexpr,
     PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
     FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, FOLD_FMA: tl.constexpr = False,
+    GDC: tl.constexpr = False,
 ):
     """Fold of a speculative commit (non-dual states, a 16- or 32-bit high copy), balanced over
     a fixed grid: the second launch after _gdn_commit_cursor_kernel (COMPACT), which listed the
@@ -1045,7 +1057,9 @@ def _gdn_commit_balanced_kernel(
         S = e^{c_n} S_c + (U * w) Kb      (U [rows, BLOCK_L] the stored u, Kb the raw keys)
     as _gdn_flush_step_kernel's FOLD_MMA path, the next chunks hinted (PF) PF_DIST ahead.
     Loops have constexpr trip counts (NSEG segments of at most NC chunks, guarded), as the
-    grid and shapes do: CUDA-graph safe."""
+    grid and shapes do: CUDA-graph safe. GDC: launched as a programmatic dependent of the
+    cursor launch, it waits for it before any load."""
+    gdc_wait_prior(GDC)
     NC: tl.constexpr = (DV + BLOCK_R - 1) // BLOCK_R
     GROUP: tl.constexpr = HV // HK
     p = tl.program_id(0).to(tl.int64)
@@ -1163,7 +1177,7 @@ def _gdn_dual_2pass_kernel(
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_B: tl.constexpr,
     NW: tl.constexpr, NT: tl.constexpr, COMPACT: tl.constexpr, WRITE_O: tl.constexpr,
     P_PREC: tl.constexpr, GRAM_PREC: tl.constexpr, SMALL_PREC: tl.constexpr, FOLD_PREC: tl.constexpr,
-    INTERP: tl.constexpr, EPS: tl.constexpr,
+    INTERP: tl.constexpr, EPS: tl.constexpr, GDC: tl.constexpr = False,
 ):
     """Fold of dual-mode states (fp32 high copy, 16-bit low copy) for the rows that flush; one
     program per (worker, value head, BLOCK_V rows), worker w taking the flushing rows of rank
@@ -1186,7 +1200,9 @@ def _gdn_dual_2pass_kernel(
          updated by one product with its key columns (FOLD_PREC), stored to both copies;
          WRITE_O: o = S_n q (q l2-normalised, scaled) replaces the output-only launch's.
     The per-head work (M, X = (I + M)^-1 - I: _unit_tri_inv_minus_eye, SMALL_PREC) is done
-    once per program."""
+    once per program. GDC: launched as a programmatic dependent (of the commit's cursor
+    launch), it waits for the kernel ahead of it before any load."""
+    gdc_wait_prior(GDC)
     w = tl.program_id(0)
     pid1 = tl.program_id(1)
     NRT: tl.constexpr = (DV + BLOCK_V - 1) // BLOCK_V
@@ -1392,7 +1408,7 @@ def _gdn_verify_kernel(
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     RD_FP8: tl.constexpr, DUAL: tl.constexpr, S_PREC: tl.constexpr, K_PREC: tl.constexpr,
     EARLY_BUF: tl.constexpr, SMALL_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, GDC: tl.constexpr = False,
 ):
     """All T draft outputs for [BLOCK_V, dk] state tiles from the read checkpoint and the
     buffer, in matrix form. The drafts are packed as columns of one operand: column j < T is
@@ -1413,8 +1429,10 @@ def _gdn_verify_kernel(
     the (per-head) Gram matrices together, so the state loads go first. EARLY_BUF loads the
     buffer rows < BLOCK_L before the cursor arrives; rows >= n are selected away (never
     multiplied). No per-draft state; drafts written to the buffer at n..n+T-1 (u; k, g once;
-    dual: v, beta). TMA: the state chunks through a TMA descriptor (_verify_dk_loop).
+    dual: v, beta). TMA: the state chunks through a TMA descriptor (_verify_dk_loop). GDC: lets
+    a programmatic dependent launch behind it (the commit's cursor launch) start early.
     """
+    gdc_release(GDC)
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -1751,7 +1769,7 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                         S_PREC=cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype),
                         K_PREC=_f32_precision(rs.k.dtype, k.dtype), EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
                         SMALL_PREC=cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32)),
-                        TMA=tma)
+                        TMA=tma, GDC=pdl_meta(v.device, bool(cfg.get("PDL", COMMIT_PDL)))["GDC"])
     _launch_options(meta, cfg)
     return _gdn_verify_kernel, (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch), args, meta
 
@@ -1813,8 +1831,10 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     cursors moved, the flushing rows listed), then the fold]: fp32 states the flush step's
     FOLD_MMA fold (no output), or where the row's BALANCED applies (at most its max_hv value
     heads, T <= its max_t) the balanced fold (_gdn_commit_balanced_kernel); dual states with a
-    16-bit low copy (TWO_PASS) the two-pass kernel (_gdn_dual_2pass_kernel). Where the row (or
-    the config) says COMMIT_FOLD, or TWO_PASS cannot take the state (fp8 low copy): [the rank-1
+    16-bit low copy (TWO_PASS) the two-pass kernel (_gdn_dual_2pass_kernel). The fold is a
+    programmatic dependent launch of the cursor launch, and that one of the verify, where the
+    GPU has them (COMMIT_PDL, or the config's PDL; launch.pdl_meta). Where the row (or the
+    config) says COMMIT_FOLD, or TWO_PASS cannot take the state (fp8 low copy): [the rank-1
     fold kernel, ticket cursor]."""
     batch = accepted.shape[0]
     if batch >= 1 << 15:
@@ -1828,8 +1848,9 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     compact = two_pass or bool(fc.get("COMPACT", False))
     nxt = _nxt(rs, batch, accepted.device)            # compact: the flushing rows, then their count
     bb = triton.next_power_of_2(batch)
+    pdl = pdl_meta(accepted.device, bool(config.get("PDL", COMMIT_PDL)))     # the fold behind the cursor launch
     snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
-            dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1))
+            dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1, **pdl))
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
     # no output: the buffers stand in for q and o (unread)
     if two_pass:
@@ -1839,6 +1860,7 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     else:
         fold = _plan_flush_step(rs, rs.k, rs.u, idx, nxt, batch, rs.k.shape[3], 1.0, fc, rows_per=T,
                                 write_o=False, compact=compact)
+    fold[3].update(pdl)
     return [snap, fold]
 
 

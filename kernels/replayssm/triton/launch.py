@@ -25,6 +25,19 @@ class Launch:
         self.kernel[self.grid](*self.args, **self.meta)
 
 
+def pdl_meta(device, on: bool = True) -> dict:
+    """Launch meta of a programmatic dependent launch (PDL) on `device`, when `on` and the
+    device has it (CUDA compute capability >= 9; the 'meta' device stands for the H200 of
+    offline compiles): {"GDC": True, "launch_pdl": True}, else {"GDC": False}. A kernel
+    launched so may start while the kernel ahead of it in the stream is finishing; its
+    programs wait for that kernel (common.gdc_wait_prior) before touching memory, so the
+    launch's latency overlaps the kernel ahead of it instead of following it. Works inside a
+    captured CUDA graph (a programmatic edge)."""
+    d = torch.device(device)
+    ok = on and (d.type == "meta" or (d.type == "cuda" and torch.cuda.get_device_capability(d)[0] >= 9))
+    return {"GDC": True, "launch_pdl": True} if ok else {"GDC": False}
+
+
 def last_contig(t: torch.Tensor | None) -> torch.Tensor | None:
     """t with a unit stride in its last dim (a copy otherwise; activations and params only)."""
     if t is not None and t.stride(-1) != 1:

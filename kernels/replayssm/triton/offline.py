@@ -42,7 +42,7 @@ def signature(arg_names, args, meta: dict) -> tuple[dict, dict, dict]:
 
 def compile_launch(kernel, args, meta: dict, arch: int = 90, asm: bool = False) -> dict:
     """Compile one launch (JIT kernel, its arguments, its constexprs + num_warps / num_stages /
-    maxnreg) for CUDA sm_<arch> without a GPU, with Triton's bundled LLVM, ptxas and cuobjdump.
+    maxnreg / launch_pdl) for CUDA sm_<arch> without a GPU, with Triton's bundled LLVM, ptxas and cuobjdump.
     Returns per thread / CTA: 'regs', 'spill_stores' and 'spill_loads' (bytes, ptxas -v),
     'stack', 'local', 'shared' (cuobjdump's resource usage), 'smem' (the shared memory the
     launch asks for) and, with asm=True, 'asm' (Triton's ttgir / ptx / cubin ...). An EXACT constexpr is
@@ -62,7 +62,7 @@ def compile_launch(kernel, args, meta: dict, arch: int = 90, asm: bool = False) 
         raise RuntimeError("compiling offline needs TRITON_INTERPRET unset (kernels are interpreted)")
     meta = dict(meta)
     options = {"num_warps": meta.pop("num_warps")}
-    for opt in ("num_stages", "maxnreg"):
+    for opt in ("num_stages", "maxnreg", "launch_pdl"):
         if meta.get(opt) is not None:
             options[opt] = meta.pop(opt)
         meta.pop(opt, None)
