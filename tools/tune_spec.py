@@ -134,6 +134,8 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # copy per chunk (and one per tail chunk) instead of per-thread vector loads
     "tma": dict(tma=True),
     "no-tma": dict(tma=False),         # the table's VERIFY_TMA (fp32 read copies, large bucket) off
+    # session 15: the round's launches as programmatic dependents (mamba2.COMMIT_PDL) off
+    "no-pdl": dict(pdl=False, fold=dict(pdl=False)),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
@@ -270,6 +272,12 @@ GDN_VARIANTS: dict[str, dict] = {
                                               "maxnreg": None})},
     "fma-w1-v16-p16-r128": {"fold": dict(F_BALANCED={"per_sm": 16, "FMA": True, "BLOCK_V": 16, "num_warps": 1,
                                                      "PF": 0, "maxnreg": 128})},
+    # the balanced fold's state chunks through a TMA descriptor, loaded and stored (sm_90
+    # Qwen3.5-4B: 161 registers, 32 KiB of shared memory, 2 layout conversions instead of 4)
+    "bal-tma-p6": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "TMA": True})},
+    "bal-tma-p4": {"fold": dict(F_BALANCED={"per_sm": 4, "maxnreg": None, "PF": 0, "TMA": True})},
+    "bal-tma-w4v32-p3": {"fold": dict(F_BALANCED={"per_sm": 3, "maxnreg": None, "PF": 0, "TMA": True, "BLOCK_V": 32,
+                                                  "num_warps": 4})},
     # the round's launches as programmatic dependents (gdn.COMMIT_PDL): off, side by side
     "no-pdl": {"PDL": False, "fold": dict(PDL=False)},
     "fma-w2-v16-p10": {"fold": dict(F_BALANCED={"per_sm": 10, "FMA": True, "BLOCK_V": 16, "num_warps": 2, "PF": 0,

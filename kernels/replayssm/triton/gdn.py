@@ -1035,12 +1035,12 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
 
 @triton.jit
 def _gdn_commit_balanced_kernel(
-    lst_ptr, idx_ptr, hi_ptr, ub_ptr, kb_ptr, gb_ptr, w_ptr, batch,
+    lst_ptr, idx_ptr, hi_ptr, hi_desc, ub_ptr, kb_ptr, gb_ptr, w_ptr, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NSEG: tl.constexpr,
     PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
     FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, FOLD_FMA: tl.constexpr = False,
-    GDC: tl.constexpr = False,
+    GDC: tl.constexpr = False, TMA: tl.constexpr = False,
 ):
     """Fold of a speculative commit (non-dual states, a 16- or 32-bit high copy), balanced over
     a fixed grid: the second launch after _gdn_commit_cursor_kernel (COMPACT), which listed the
@@ -1104,7 +1104,10 @@ def _gdn_commit_balanced_kernel(
                     row = (slot64 * HV + h) * DV + rr
                     tile = row[:, None] * DK + cols[None, :]
                     m2 = rm[:, None] & cmask[None, :]
-                    S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
+                    if TMA:   # (whole chunks: DV % BLOCK_R == 0)
+                        S = hi_desc.load([((slot64 * HV + h) * DV + c * BLOCK_R).to(tl.int32), 0]).to(tl.float32)
+                    else:
+                        S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
                     if FOLD_FMA:   # L rank-1 updates in the tile's own layout: no MMA operands
                         S = eC * S
                         for i in tl.static_range(L):
@@ -1117,7 +1120,11 @@ def _gdn_commit_balanced_kernel(
                     else:
                         U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
                         S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
-                    _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
+                    if TMA:
+                        hi_desc.store([((slot64 * HV + h) * DV + c * BLOCK_R).to(tl.int32), 0],
+                                      cast(S, hi_ptr.dtype.element_ty, INTERP))
+                    else:
+                        _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
 
 
 # ----------------------------------------------------------------------------- fold
@@ -1899,11 +1906,15 @@ def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict):
     fm = replay_meta(fc, rs.capacity, dv, 1)
     bl = max(16, triton.next_power_of_2(rs.capacity))
     w = state_scratch(rs, "_gdn_bal_w", nprog * 2 * bl if fma else 1, lst.device).view(torch.float32)
-    args = [lst, idx, rs.hi.data, rs.u, rs.k, rs.g, w, batch]
+    # the state chunks through a TMA descriptor where the row asks (whole chunks only: a TMA store
+    # of a partial chunk would write the next head's rows)
+    descs = tma_rows(rs.hi.data, dk, [(br, fc["BLOCK_K"])], "BALANCED TMA",
+                     bool(fc.get("TMA")) and dv % br == 0 and fc["BLOCK_K"] == dk)
+    args = [lst, idx, rs.hi.data, descs[0] if descs else rs.hi.data, rs.u, rs.k, rs.g, w, batch]
     meta = dict(HV=Hv, HK=rs.k.shape[2], DK=dk, DV=dv, L=rs.capacity, BLOCK_R=br, BLOCK_K=fc["BLOCK_K"],
                 BLOCK_L=bl, NSEG=triton.cdiv(most - 1, nc) + 1,
                 PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, FOLD_PREC=_fold_precision(rs, fc),
-                INTERP=interpreting(), EPS=L2_EPS, FOLD_FMA=fma, num_warps=fc["num_warps"])
+                INTERP=interpreting(), EPS=L2_EPS, FOLD_FMA=fma, TMA=descs is not None, num_warps=fc["num_warps"])
     _launch_options(meta, fc)
     return _gdn_commit_balanced_kernel, (nprog,), args, meta
 

@@ -47,8 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast, prefetch_hint, silu, softplus
-from .launch import Launch, cache_lines, last_contig, out_like, state_scratch, tma_rows
+from .common import cast, gdc_release, gdc_wait_prior, prefetch_hint, silu, softplus
+from .launch import Launch, cache_lines, last_contig, out_like, pdl_meta, state_scratch, tma_rows
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
 
@@ -201,6 +201,10 @@ CURSOR_BLOCK = 256
 # b512 Nano 911.7 vs 902.8 (Super equal): per-row above batch 128.
 COMMIT_LIST = True
 COMMIT_LIST_MAX = 128
+# The speculative round's launches as programmatic dependents (launch.pdl_meta; LIST commits):
+# the verify lets the list launch start early, the list launch the fold; each waits for the
+# kernel ahead of it before touching memory. OVERRIDE["verify"]["pdl"] / ["fold"]["pdl"] for tuning.
+COMMIT_PDL = True
 # Verify: load the buffer tiles for all rows < min(K, L) before the cursor arrives (rows >= n
 # zeroed after): one dependent round trip less per program, up to K - n rows more read.
 VERIFY_EARLY_BUF = True
@@ -791,7 +795,7 @@ def _fold_kernel(
     BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     HAS_ACC: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr,
     USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr,
-    LIST: tl.constexpr = False, ROWS=0, NW=1, NT: tl.constexpr = 1,
+    LIST: tl.constexpr = False, ROWS=0, NW=1, NT: tl.constexpr = 1, GDC: tl.constexpr = False,
 ):
     """Fold buffer entries 0..n-1 into the high checkpoint tile and write it (and the low
     copy in dual mode), where n = cursor[slot] (+ accepted[row] for a commit) and only if
@@ -799,7 +803,9 @@ def _fold_kernel(
     LIST (a commit after _commit_list_kernel, which has moved the cursors): grid dim 2 is NW
     workers; acc_ptr holds the folding rows as (r << 16) | n at ranks 0.., their count at
     [ROWS]; worker w folds the ranks w, w + NW, ... < the count (NT = cdiv(ROWS, NW) slots;
-    no program per batch row that only finds nothing to do)."""
+    no program per batch row that only finds nothing to do). GDC: launched as a programmatic
+    dependent (of the list launch), it waits for the kernel ahead of it before any load."""
+    gdc_wait_prior(GDC)
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     if LIST:
@@ -861,10 +867,15 @@ def _fold_head(slot, n, pid_p, h, bx_ptr, bB_ptr, bdt_ptr, A_ptr, hi_ptr, hi_sc_
 
 
 @triton.jit
-def _commit_list_kernel(idx_ptr, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B: tl.constexpr):
+def _commit_list_kernel(idx_ptr, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B: tl.constexpr,
+                        GDC: tl.constexpr = False):
     """First launch of a LIST commit, one program: m = cursor + accepted[r] per live row; the
     cursor becomes 0 where m >= K (the row folds entries 0..m-1) else m; the folding rows are
-    listed as lst[rank] = (r << 16) | m (m <= L < 2^16, r < 2^15), their count at lst[rows]."""
+    listed as lst[rank] = (r << 16) | m (m <= L < 2^16, r < 2^15), their count at lst[rows].
+    GDC (a programmatic dependent launch): waits for the kernel ahead of it, then lets the
+    fold behind it launch."""
+    gdc_wait_prior(GDC)
+    gdc_release(GDC)
     rr = tl.arange(0, BLOCK_B)
     slot = tl.load(idx_ptr + rr, mask=rr < rows, other=-1)
     live = slot >= 0
@@ -945,7 +956,7 @@ def _verify_kernel(
     T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, TAIL_P: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr,
     RD_SCALE: tl.constexpr, S_PREC: tl.constexpr, BC_PREC: tl.constexpr, X_PREC: tl.constexpr,
-    EARLY_BUF: tl.constexpr, EXACT: tl.constexpr, TMA: tl.constexpr = False,
+    EARLY_BUF: tl.constexpr, EXACT: tl.constexpr, TMA: tl.constexpr = False, GDC: tl.constexpr = False,
 ):
     """Outputs of T drafts for rows [pid_p*R, +R) of head h of batch row b (R = BLOCK_P +
     TAIL_P), from the read checkpoint tile (read once for all T), buffer rows 0..n-1 and the
@@ -971,8 +982,10 @@ def _verify_kernel(
     hold anything; one dependent round trip less, up to K - n rows more read). TMA: the state
     chunks through TMA descriptors over the read copy as [rows, N] (rd_desc: [BLOCK_P, BLOCK_N]
     blocks, rd_desc_q: the tail's [TAIL_P, BLOCK_N]): one copy per chunk; rows past the head or
-    of a null slot are read from wherever they point (their outputs are never stored).
+    of a null slot are read from wherever they point (their outputs are never stored). GDC:
+    lets a programmatic dependent launch behind it (the commit's list launch) start early.
     """
+    gdc_release(GDC)
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -1375,7 +1388,8 @@ def plan_commit(rs, A, accepted, state_indices=None):
     """[launches] of commit (n = cursor + accepted, folded where n >= K). COMMIT_LIST (up to
     COMMIT_LIST_MAX rows): _commit_list_kernel moves the cursors and lists the folding rows,
     then NW = cdiv(rows * T, K) workers per head tile fold them (T = capacity - K, the most a
-    commit adds: a staggered batch's folds in one pass each); else the fold with one program
+    commit adds: a staggered batch's folds in one pass each), the fold a programmatic
+    dependent launch of the list launch and that one of the verify (COMMIT_PDL); else the fold with one program
     per (row, head tile), then the cursor pass."""
     bsz = accepted.shape[0]
     idx = state_indices if state_indices is not None else torch.arange(
@@ -1385,9 +1399,11 @@ def plan_commit(rs, A, accepted, state_indices=None):
     lst = state_scratch(rs, "_m2_commit_rows", bsz + 1, accepted.device)   # listed rows, then their count
     nw = max(1, min(bsz, triton.cdiv(bsz * max(1, rs.capacity - rs.flush_period), rs.flush_period)))
     bb = triton.next_power_of_2(bsz)
+    pdl = pdl_meta(accepted.device, bool(OVERRIDE.get("fold", {}).get("pdl", COMMIT_PDL)))
+    fold = plan_fold(rs, A, idx, rs.flush_period, accepted, listed=(lst, nw))
+    fold[0].meta.update(pdl)
     return ([_record(_commit_list_kernel, (1,))(idx, accepted, rs.cursor, lst, bsz, rs.flush_period, BLOCK_B=bb,
-                                                num_warps=4 if bb >= 256 else 1)]
-            + plan_fold(rs, A, idx, rs.flush_period, accepted, listed=(lst, nw)))
+                                                num_warps=4 if bb >= 256 else 1, **pdl)] + fold)
 
 
 def commit(rs, A, accepted, state_indices=None):
@@ -1411,7 +1427,7 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
     """([launch], y) of speculative verification; see verify. Grid (cdiv(P, R), H, b): one
     [R, N] state tile per program, R = BLOCK_P from CONFIG_TABLE["verify"] (or
-    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n, maxnreg, tma), every
+    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n, maxnreg, tma, pdl), every
     tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
     OVERRIDE) adds a tail tile of next_pow2(P - BLOCK_P) rows (>= 16) when BLOCK_P < P:
     R = BLOCK_P + tail."""
@@ -1457,6 +1473,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
         EARLY_BUF=bool(early_buf), EXACT=_interpreting(), TMA=tma, num_warps=ov.get("warps", warps),
+        GDC=pdl_meta(x.device, bool(ov.get("pdl", COMMIT_PDL)))["GDC"],
         **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {}))
     return [launch], y
 

@@ -36,6 +36,7 @@ ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float8_e4m3fn
 TINY = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=5)
 GQA = I.GDNShape(num_k_heads=2, num_v_heads=4, head_k_dim=12, head_v_dim=10)   # 2 value heads per key head
 TALL = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=24, head_v_dim=40)    # several row tiles / dk chunks
+SQUARE = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=32)  # whole 16-row chunks, dk a power of 2
 # forces several dv tiles and buffer chunks at the tiny shapes (on CUDA too)
 SMALL_TILES = {"BLOCK_V": 4, "BLOCK_L": 2}
 
@@ -435,6 +436,13 @@ def test_commit_route_plan():
     assert TK.plan_commit(GDNReplayState.allocate(batch, Hk, 32, dk, dv, K + 6, K, device="meta"),
                           acc, None)[1][0] is TK._gdn_flush_step_kernel             # T 6: the flush step
     assert TK.plan_commit(small, acc, None, {"F_BALANCED": None})[1][0] is TK._gdn_flush_step_kernel
+    # the cursor launch and the fold are programmatic dependent launches (both wait in the kernel:
+    # GDC); the verify only releases; PDL False, or a device without them (the CPU), neither
+    for p in (snap, bal):
+        assert p[3]["GDC"] and p[3]["launch_pdl"]
+    assert not any(p[3].get("launch_pdl") or p[3]["GDC"] for p in TK.plan_commit(small, acc, None, {"PDL": False}))
+    cpu = GDNReplayState.allocate(4, Hk, 32, dk, dv, K + T, K)
+    assert not any(p[3].get("launch_pdl") or p[3]["GDC"] for p in TK.plan_commit(cpu, torch.zeros(4, dtype=torch.int32), None))
 
 
 @pytest.mark.shipped_routes
@@ -564,6 +572,9 @@ VERIFY_CASES = [
      {"F_BALANCED": {"per_sm": 2, "FMA": True, "BLOCK_V": 16, "num_warps": 2}}),
     ("commit-balanced-fma-bf16-state-T4", TALL, "replay", "bfloat16", None, torch.bfloat16, 4, 4, 8,
      {"F_BALANCED": {"per_sm": 1, "max_hv": 2, "FMA": True, "BLOCK_V": 4, "num_warps": 1}}),
+    # ... and its state chunks through a TMA descriptor (loaded and stored; whole chunks only)
+    ("commit-balanced-tma-f32-T3", SQUARE, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
+     {"F_BALANCED": {"per_sm": 1, "TMA": True, "BLOCK_V": 16}}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),

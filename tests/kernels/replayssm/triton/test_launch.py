@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from replayssm.triton.launch import state_scratch, tma_rows
+from replayssm.triton.launch import pdl_meta, state_scratch, tma_rows
 
 
 def test_tma_rows_where_tma_can_read():
@@ -31,3 +31,13 @@ def test_state_scratch_is_kept_and_grown():
     assert a.dtype == torch.int32 and a.numel() == 5 and state_scratch(rs, "_x", 3, "cpu") is a
     b = state_scratch(rs, "_x", 9, "cpu")
     assert b.numel() == 9 and rs._x is b and state_scratch(rs, "_y", 2, "cpu") is not b
+
+
+def test_pdl_meta_only_where_the_device_has_it():
+    """Programmatic dependent launches need compute capability >= 9: the 'meta' device (offline
+    sm_90 compiles) gets them, the CPU (the interpreter) does not, nor a launch that asks not to."""
+    assert pdl_meta("meta") == {"GDC": True, "launch_pdl": True}
+    assert pdl_meta("meta", on=False) == {"GDC": False}
+    assert pdl_meta("cpu") == {"GDC": False}
+    if torch.cuda.is_available():
+        assert pdl_meta("cuda")["GDC"] == (torch.cuda.get_device_capability()[0] >= 9)

@@ -525,7 +525,8 @@ def test_verify_tma_plan():
 def test_commit_list_plan():
     """The listed commit's launches up to COMMIT_LIST_MAX (128) rows: one list program over the
     batch, then the fold with NW = cdiv(rows * T, K) workers per head tile (T = capacity - K),
-    NT rank slots each; above it the per-row fold and the cursor pass."""
+    NT rank slots each, both programmatic dependent launches; above it the per-row fold and the
+    cursor pass."""
     from replayssm.state import Mamba2ReplayState
     from replayssm.triton import mamba2 as tk
     H, P, N, G, K, T = 96, 80, 128, 8, 16, 4
@@ -539,6 +540,8 @@ def test_commit_list_plan():
             continue
         assert first.kernel is tk._commit_list_kernel and first.grid == (1,)
         assert second.grid[1:] == (H, nw) and second.meta["LIST"] and second.meta["NT"] == -(-batch // nw), batch
+        # both programmatic dependent launches (COMMIT_PDL; 'meta' plans stand for the H200)
+        assert all(p.meta["GDC"] and p.meta["launch_pdl"] for p in (first, second))
 
 
 # head dim 20 in a 16-row tile and a 16-row tail (12 rows masked), state columns in two 16-column steps
