@@ -219,6 +219,8 @@ def vname(c) -> str:
     s += f" pf{c['PF']}/{c['PF_DIST']}" if c["PF"] else " pf0"
     if c.get("PREFETCH"):
         s += " pre"
+    if c.get("PDL") is False:
+        s += " no-pdl"
     f = {k[2:]: v for k, v in c.items() if k.startswith("F_")}
     if f:
         s += " | B " + ",".join(f"{k}{v}" for k, v in f.items())
@@ -321,12 +323,23 @@ DUAL_2PASS = [rcfg(**_OUT_BIG, **f) for f in (
     dict(_W16, F_NR=8), dict(_2P, F_BLOCK_V=128, F_num_warps=4, F_CHUNK_K=16), dict(_2P, F_BLOCK_V=128, F_num_warps=4),
     dict(_2P, F_BLOCK_V=64, F_num_warps=4, F_CHUNK_K=16), dict(_2P, F_BLOCK_V=128, F_num_warps=8))]
 # TUNE_MODES names of the focused lists: (mode, configs, batch, models)
+def _table(mode: str, batch: int, **kw) -> dict:
+    """The launch table's replay row for a MODE at this batch (dk = dv = 128), with kw over it."""
+    m, sd, lo, _ = MODE[mode]
+    rb = torch.empty(0, dtype=getattr(torch, lo or sd)).element_size()
+    return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual"), **kw}
+
+
 EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) for b in (2, 4, 8)},
          **{f"lean-{m}": (m, c, 256, ("q122b",)) for m, c in LEAN.items()},
          **{f"flush-{m}": (m, c, 256, ("q122b",)) for m, c in FLUSH.items()},
          **{f"flush-dual-bf16-b{b}": ("dual-bf16", FLUSH_SMALL, b, ("q122b",)) for b in (8, 16)},
          "flush-dual-bf16-b32": ("dual-bf16", FLUSH_B32, 32, ("q122b", "q4b")),
-         "flush-dual-2pass": ("dual-bf16", DUAL_2PASS, 256, ("q122b", "q4b"))}
+         "flush-dual-2pass": ("dual-bf16", DUAL_2PASS, 256, ("q122b", "q4b")),
+         # session 15: the SPLIT step's flush launch as a programmatic dependent (gdn.PDL) vs not,
+         # the table's rows otherwise
+         **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))
+            for m in ("f32", "dual-bf16") for b in (32, 256)}}
 SMALL = {  # batch 1 and 32: fp32 only
     1: {"f32": [OLD(16, 4), rcfg(16, 4), rcfg(16, 4, prefetch=True), rcfg(8, 2, prefetch=True),
                 rcfg(32, 4, prefetch=True), rcfg(8, 1, prefetch=True), rcfg(16, 4, split=True, prefetch=True),

@@ -134,7 +134,7 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # copy per chunk (and one per tail chunk) instead of per-thread vector loads
     "tma": dict(tma=True),
     "no-tma": dict(tma=False),         # the table's VERIFY_TMA (fp32 read copies, large bucket) off
-    # session 15: the round's launches as programmatic dependents (mamba2.COMMIT_PDL) off
+    # session 15: the round's launches as programmatic dependents (mamba2.PDL) off
     "no-pdl": dict(pdl=False, fold=dict(pdl=False)),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
@@ -256,32 +256,8 @@ GDN_VARIANTS: dict[str, dict] = {
     "bal4-pf0": {"fold": dict(F_BALANCED={"per_sm": 4, "PF": 0, "maxnreg": None})},
     "bal5-r192-pf0": {"fold": dict(F_BALANCED={"per_sm": 5, "maxnreg": 192, "PF": 0})},
     "bal-any-t": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "max_hv": 32})},   # T > 4 too
-    # session 15: the balanced fold as rank-1 FMA updates in the state tile's own layout (FMA: no
-    # MMA, no layout conversions; sm_90 Qwen3.5-4B: one warp, 8-row chunks 79 registers, 4 rows
-    # 71, 16 rows 167 (ptxas's choice: under the commit row's 160 budget it takes 158); two warps
-    # need a shared-memory conversion of every key row)
-    "fma-w1-v8-p16": {"fold": dict(F_BALANCED={"per_sm": 16, "FMA": True, "BLOCK_V": 8, "num_warps": 1, "PF": 0,
-                                              "maxnreg": None})},
-    "fma-w1-v8-p20": {"fold": dict(F_BALANCED={"per_sm": 20, "FMA": True, "BLOCK_V": 8, "num_warps": 1, "PF": 0,
-                                              "maxnreg": None})},
-    "fma-w1-v8-p24": {"fold": dict(F_BALANCED={"per_sm": 24, "FMA": True, "BLOCK_V": 8, "num_warps": 1, "PF": 0,
-                                              "maxnreg": None})},
-    "fma-w1-v4-p28": {"fold": dict(F_BALANCED={"per_sm": 28, "FMA": True, "BLOCK_V": 4, "num_warps": 1, "PF": 0,
-                                              "maxnreg": None})},
-    "fma-w1-v16-p12": {"fold": dict(F_BALANCED={"per_sm": 12, "FMA": True, "BLOCK_V": 16, "num_warps": 1, "PF": 0,
-                                              "maxnreg": None})},
-    "fma-w1-v16-p16-r128": {"fold": dict(F_BALANCED={"per_sm": 16, "FMA": True, "BLOCK_V": 16, "num_warps": 1,
-                                                     "PF": 0, "maxnreg": 128})},
-    # the balanced fold's state chunks through a TMA descriptor, loaded and stored (sm_90
-    # Qwen3.5-4B: 161 registers, 32 KiB of shared memory, 2 layout conversions instead of 4)
-    "bal-tma-p6": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "TMA": True})},
-    "bal-tma-p4": {"fold": dict(F_BALANCED={"per_sm": 4, "maxnreg": None, "PF": 0, "TMA": True})},
-    "bal-tma-w4v32-p3": {"fold": dict(F_BALANCED={"per_sm": 3, "maxnreg": None, "PF": 0, "TMA": True, "BLOCK_V": 32,
-                                                  "num_warps": 4})},
-    # the round's launches as programmatic dependents (gdn.COMMIT_PDL): off, side by side
+    # session 15: the round's launches as programmatic dependents (gdn.PDL): off, side by side
     "no-pdl": {"PDL": False, "fold": dict(PDL=False)},
-    "fma-w2-v16-p10": {"fold": dict(F_BALANCED={"per_sm": 10, "FMA": True, "BLOCK_V": 16, "num_warps": 2, "PF": 0,
-                                               "maxnreg": None})},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

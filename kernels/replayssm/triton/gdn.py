@@ -64,10 +64,11 @@ _BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 2, "SPLIT": True}     # 16/8-
 # 14): per_sm programs per SM of 2 warps under a 168-register budget (ptxas alone: 214), no
 # prefetch hints (PF 0: 138.5 vs 140.3 us with L1 hints, Qwen3.5-4B b128)
 _BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF": 0}
-# The speculative round's launches as programmatic dependents (launch.pdl_meta): the verify lets
-# the commit's cursor launch start early, which lets the fold start early (each waits for the
-# kernel ahead of it before touching memory). Config key PDL overrides it per call.
-COMMIT_PDL = True
+# Launches that follow one another within an op as programmatic dependents (launch.pdl_meta),
+# each waiting for the kernel ahead of it before touching memory: in the speculative round the
+# verify lets the commit's cursor launch start early, which lets the fold start early; in a SPLIT
+# replay step the output-only launch lets the flush step start early. Config key PDL per call.
+PDL = True
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager, batch > 64: 16 rows x 1 warp (Qwen3.5-122B b256: 539 us vs 549 for 32 x 4 warps,
@@ -479,6 +480,7 @@ def _gdn_replay_kernel(
     RD_KIND: tl.constexpr,
     RD_LPR: tl.constexpr, RD_LS: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, U_LPR: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    GDC: tl.constexpr = False,
 ):
     """One ReplaySSM step. A program owns HP value heads (of one key head) x NR chunks of
     BLOCK_R rows of one sequence and streams its HP * NR chunks (state rows, buffered u rows,
@@ -506,7 +508,9 @@ def _gdn_replay_kernel(
     hence occupancy): a plain read of the cursor, n stored to nxt[b] (-1: padded row) for
     _gdn_flush_step_kernel, launched next, which folds, writes the state and moves the cursor.
     Dual flush steps only append here (their output comes from the high copy, in that kernel).
+    GDC (SPLIT): lets that launch, a programmatic dependent, start early (it waits for this one).
     """
+    gdc_release(GDC)
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
     NRS: tl.constexpr = (DV + RP - 1) // RP
@@ -864,8 +868,8 @@ def _gdn_flush_step_kernel(
     COMPACT (the commit): the cursor launch has already moved the cursors and listed the
     flushing rows, nxt[r] = (b << 16) | n for ranks r < nxt[batch] (their count); a worker
     reads only its own ranks' entries, no batch-wide scan (_gdn_commit_cursor_kernel).
-    GDC: launched as a programmatic dependent (of the commit's cursor launch), it waits for the
-    kernel ahead of it before any load.
+    GDC: launched as a programmatic dependent (of the commit's cursor launch, or the step's
+    output-only launch), it waits for the kernel ahead of it before any load.
     """
     gdc_wait_prior(GDC)
     GROUP: tl.constexpr = HV // HK
@@ -1035,12 +1039,11 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
 
 @triton.jit
 def _gdn_commit_balanced_kernel(
-    lst_ptr, idx_ptr, hi_ptr, hi_desc, ub_ptr, kb_ptr, gb_ptr, w_ptr, batch,
+    lst_ptr, idx_ptr, hi_ptr, ub_ptr, kb_ptr, gb_ptr, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NSEG: tl.constexpr,
     PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
-    FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, FOLD_FMA: tl.constexpr = False,
-    GDC: tl.constexpr = False, TMA: tl.constexpr = False,
+    FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, GDC: tl.constexpr = False,
 ):
     """Fold of a speculative commit (non-dual states, a 16- or 32-bit high copy), balanced over
     a fixed grid: the second launch after _gdn_commit_cursor_kernel (COMPACT), which listed the
@@ -1090,10 +1093,6 @@ def _gdn_commit_balanced_kernel(
             _, kf, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)
             _, Cn, wl = _fold_decays(gb_ptr, ent * HV + h, lm, rk)
             eC = tl.exp(Cn)
-            if FOLD_FMA:   # the weights through scratch w [NP, 2, BLOCK_L], read back as scalars
-                wsc = w_ptr + (p * 2 + sg % 2) * BLOCK_L     # (two slots: no barrier before the store)
-                tl.store(wsc + ll, wl)
-                tl.debug_barrier()
             for c in range(NC):
                 if (c >= c_lo) & (c < c_hi):
                     if c + PF_DIST < c_hi:
@@ -1104,27 +1103,10 @@ def _gdn_commit_balanced_kernel(
                     row = (slot64 * HV + h) * DV + rr
                     tile = row[:, None] * DK + cols[None, :]
                     m2 = rm[:, None] & cmask[None, :]
-                    if TMA:   # (whole chunks: DV % BLOCK_R == 0)
-                        S = hi_desc.load([((slot64 * HV + h) * DV + c * BLOCK_R).to(tl.int32), 0]).to(tl.float32)
-                    else:
-                        S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
-                    if FOLD_FMA:   # L rank-1 updates in the tile's own layout: no MMA operands
-                        S = eC * S
-                        for i in tl.static_range(L):
-                            ok = i <= n
-                            ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & ok,
-                                         other=0.0).to(tl.float32) * tl.load(wsc + i)
-                            ui = tl.load(ub_ptr + ((slot64 * L + i) * HV + h) * DV + rr, mask=rm & ok,
-                                         other=0.0).to(tl.float32)
-                            S += ui[:, None] * ki[None, :]
-                    else:
-                        U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
-                        S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
-                    if TMA:
-                        hi_desc.store([((slot64 * HV + h) * DV + c * BLOCK_R).to(tl.int32), 0],
-                                      cast(S, hi_ptr.dtype.element_ty, INTERP))
-                    else:
-                        _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
+                    S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
+                    U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
+                    S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
+                    _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
 
 
 # ----------------------------------------------------------------------------- fold
@@ -1208,7 +1190,7 @@ def _gdn_dual_2pass_kernel(
          WRITE_O: o = S_n q (q l2-normalised, scaled) replaces the output-only launch's.
     The per-head work (M, X = (I + M)^-1 - I: _unit_tri_inv_minus_eye, SMALL_PREC) is done
     once per program. GDC: launched as a programmatic dependent (of the commit's cursor
-    launch), it waits for the kernel ahead of it before any load."""
+    launch, or the step's output-only launch), it waits for the kernel ahead of it before any load."""
     gdc_wait_prior(GDC)
     w = tl.program_id(0)
     pid1 = tl.program_id(1)
@@ -1589,7 +1571,8 @@ def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
 
 def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
     """Launch plan(s) of one replay step: [replay] (fused flush, ticket cursor) or, when the
-    config says SPLIT, [output-only replay, flush step]; or, when it says EAGER_ROUTE, [the
+    config says SPLIT, [output-only replay, flush step] (the second a programmatic dependent
+    launch of the first where the GPU has them: PDL, or the config's PDL); or, when it says EAGER_ROUTE, [the
     eager route] (_gdn_replay_eager_kernel: a flush at every step, for small batches)."""
     batch, Hv, dv = v.shape
     Hk, dk = k.shape[1], k.shape[2]
@@ -1627,6 +1610,9 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
             plans.append(_plan_dual_2pass(rs, q, o, idx, nxt, batch, scale, fc, 1, write_o=True, compact=False))
         else:
             plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, fc, rows_per=1))
+        pdl = pdl_meta(v.device, bool(cfg.get("PDL", PDL)))     # the flush step behind the output launch
+        meta["GDC"] = pdl["GDC"]
+        plans[1][3].update(pdl)
     return plans
 
 
@@ -1776,7 +1762,7 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
                         S_PREC=cfg.get("S_PREC") or _f32_precision(rs.read_ckpt.data.dtype, k.dtype),
                         K_PREC=_f32_precision(rs.k.dtype, k.dtype), EARLY_BUF=bool(cfg.get("EARLY_BUF", True)),
                         SMALL_PREC=cfg.get("SMALL_PREC", _f32_precision(torch.float32, torch.float32)),
-                        TMA=tma, GDC=pdl_meta(v.device, bool(cfg.get("PDL", COMMIT_PDL)))["GDC"])
+                        TMA=tma, GDC=pdl_meta(v.device, bool(cfg.get("PDL", PDL)))["GDC"])
     _launch_options(meta, cfg)
     return _gdn_verify_kernel, (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch), args, meta
 
@@ -1840,7 +1826,7 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     heads, T <= its max_t) the balanced fold (_gdn_commit_balanced_kernel); dual states with a
     16-bit low copy (TWO_PASS) the two-pass kernel (_gdn_dual_2pass_kernel). The fold is a
     programmatic dependent launch of the cursor launch, and that one of the verify, where the
-    GPU has them (COMMIT_PDL, or the config's PDL; launch.pdl_meta). Where the row (or the
+    GPU has them (PDL, or the config's PDL; launch.pdl_meta). Where the row (or the
     config) says COMMIT_FOLD, or TWO_PASS cannot take the state (fp8 low copy): [the rank-1
     fold kernel, ticket cursor]."""
     batch = accepted.shape[0]
@@ -1855,7 +1841,7 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, confi
     compact = two_pass or bool(fc.get("COMPACT", False))
     nxt = _nxt(rs, batch, accepted.device)            # compact: the flushing rows, then their count
     bb = triton.next_power_of_2(batch)
-    pdl = pdl_meta(accepted.device, bool(config.get("PDL", COMMIT_PDL)))     # the fold behind the cursor launch
+    pdl = pdl_meta(accepted.device, bool(config.get("PDL", PDL)))     # the fold behind the cursor launch
     snap = (_gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
             dict(BLOCK_B=bb, COMPACT=compact, num_warps=4 if bb >= 256 else 1, **pdl))
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
@@ -1897,24 +1883,17 @@ def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict):
     chunk, "PF": prefetch hints) over the commit row's."""
     fc = {**fc, **{k: v for k, v in fc["BALANCED"].items() if k not in ("per_sm", "max_hv", "max_t")}}
     _, Hv, dv, dk = rs.hi.data.shape
-    fma = bool(fc.get("FMA"))
-    br = max(1 if fma else 16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))     # (MMA operands: >= 16 rows)
+    br = max(16, min(fc["BLOCK_V"], triton.next_power_of_2(dv)))
     nc = triton.cdiv(dv, br)
     nprog = _sm_count(lst.device) * int(fc["BALANCED"]["per_sm"])
     most = max(1, triton.cdiv(batch * Hv * nc, nprog))          # chunks a program folds, at most
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
     fm = replay_meta(fc, rs.capacity, dv, 1)
-    bl = max(16, triton.next_power_of_2(rs.capacity))
-    w = state_scratch(rs, "_gdn_bal_w", nprog * 2 * bl if fma else 1, lst.device).view(torch.float32)
-    # the state chunks through a TMA descriptor where the row asks (whole chunks only: a TMA store
-    # of a partial chunk would write the next head's rows)
-    descs = tma_rows(rs.hi.data, dk, [(br, fc["BLOCK_K"])], "BALANCED TMA",
-                     bool(fc.get("TMA")) and dv % br == 0 and fc["BLOCK_K"] == dk)
-    args = [lst, idx, rs.hi.data, descs[0] if descs else rs.hi.data, rs.u, rs.k, rs.g, w, batch]
+    args = [lst, idx, rs.hi.data, rs.u, rs.k, rs.g, batch]
     meta = dict(HV=Hv, HK=rs.k.shape[2], DK=dk, DV=dv, L=rs.capacity, BLOCK_R=br, BLOCK_K=fc["BLOCK_K"],
-                BLOCK_L=bl, NSEG=triton.cdiv(most - 1, nc) + 1,
+                BLOCK_L=max(16, triton.next_power_of_2(rs.capacity)), NSEG=triton.cdiv(most - 1, nc) + 1,
                 PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, FOLD_PREC=_fold_precision(rs, fc),
-                INTERP=interpreting(), EPS=L2_EPS, FOLD_FMA=fma, TMA=descs is not None, num_warps=fc["num_warps"])
+                INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
     _launch_options(meta, fc)
     return _gdn_commit_balanced_kernel, (nprog,), args, meta
 

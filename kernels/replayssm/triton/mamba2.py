@@ -204,7 +204,7 @@ COMMIT_LIST_MAX = 128
 # The speculative round's launches as programmatic dependents (launch.pdl_meta; LIST commits):
 # the verify lets the list launch start early, the list launch the fold; each waits for the
 # kernel ahead of it before touching memory. OVERRIDE["verify"]["pdl"] / ["fold"]["pdl"] for tuning.
-COMMIT_PDL = True
+PDL = True
 # Verify: load the buffer tiles for all rows < min(K, L) before the cursor arrives (rows >= n
 # zeroed after): one dependent round trip less per program, up to K - n rows more read.
 VERIFY_EARLY_BUF = True
@@ -1389,7 +1389,7 @@ def plan_commit(rs, A, accepted, state_indices=None):
     COMMIT_LIST_MAX rows): _commit_list_kernel moves the cursors and lists the folding rows,
     then NW = cdiv(rows * T, K) workers per head tile fold them (T = capacity - K, the most a
     commit adds: a staggered batch's folds in one pass each), the fold a programmatic
-    dependent launch of the list launch and that one of the verify (COMMIT_PDL); else the fold with one program
+    dependent launch of the list launch and that one of the verify (PDL); else the fold with one program
     per (row, head tile), then the cursor pass."""
     bsz = accepted.shape[0]
     idx = state_indices if state_indices is not None else torch.arange(
@@ -1399,7 +1399,7 @@ def plan_commit(rs, A, accepted, state_indices=None):
     lst = state_scratch(rs, "_m2_commit_rows", bsz + 1, accepted.device)   # listed rows, then their count
     nw = max(1, min(bsz, triton.cdiv(bsz * max(1, rs.capacity - rs.flush_period), rs.flush_period)))
     bb = triton.next_power_of_2(bsz)
-    pdl = pdl_meta(accepted.device, bool(OVERRIDE.get("fold", {}).get("pdl", COMMIT_PDL)))
+    pdl = pdl_meta(accepted.device, bool(OVERRIDE.get("fold", {}).get("pdl", PDL)))
     fold = plan_fold(rs, A, idx, rs.flush_period, accepted, listed=(lst, nw))
     fold[0].meta.update(pdl)
     return ([_record(_commit_list_kernel, (1,))(idx, accepted, rs.cursor, lst, bsz, rs.flush_period, BLOCK_B=bb,
@@ -1473,7 +1473,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
         EARLY_BUF=bool(early_buf), EXACT=_interpreting(), TMA=tma, num_warps=ov.get("warps", warps),
-        GDC=pdl_meta(x.device, bool(ov.get("pdl", COMMIT_PDL)))["GDC"],
+        GDC=pdl_meta(x.device, bool(ov.get("pdl", PDL)))["GDC"],
         **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {}))
     return [launch], y
 

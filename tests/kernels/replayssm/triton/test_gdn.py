@@ -36,7 +36,6 @@ ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float8_e4m3fn
 TINY = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=5)
 GQA = I.GDNShape(num_k_heads=2, num_v_heads=4, head_k_dim=12, head_v_dim=10)   # 2 value heads per key head
 TALL = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=24, head_v_dim=40)    # several row tiles / dk chunks
-SQUARE = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=32)  # whole 16-row chunks, dk a power of 2
 # forces several dv tiles and buffer chunks at the tiny shapes (on CUDA too)
 SMALL_TILES = {"BLOCK_V": 4, "BLOCK_L": 2}
 
@@ -564,17 +563,6 @@ VERIFY_CASES = [
      {"F_BALANCED": {"per_sm": 2, "BLOCK_V": 16}}),
     ("commit-balanced-bf16-state-T4", TALL, "replay", "bfloat16", None, torch.bfloat16, 4, 4, 8,
      {"F_BALANCED": {"per_sm": 1, "max_hv": 2}, "F_BLOCK_V": 16}),
-    # its FMA form (rank-1 updates in the tile's layout; the weights through per-program scratch):
-    # 8-row chunks on one warp (dv 40: 5 chunks), GQA on two warps, a bf16 state
-    ("commit-balanced-fma-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
-     {"F_BALANCED": {"per_sm": 2, "FMA": True, "BLOCK_V": 8, "num_warps": 1}}),
-    ("commit-balanced-fma-f32-gqa-T2", GQA, "replay", "float32", None, torch.float32, 2, 3, 5,
-     {"F_BALANCED": {"per_sm": 2, "FMA": True, "BLOCK_V": 16, "num_warps": 2}}),
-    ("commit-balanced-fma-bf16-state-T4", TALL, "replay", "bfloat16", None, torch.bfloat16, 4, 4, 8,
-     {"F_BALANCED": {"per_sm": 1, "max_hv": 2, "FMA": True, "BLOCK_V": 4, "num_warps": 1}}),
-    # ... and its state chunks through a TMA descriptor (loaded and stored; whole chunks only)
-    ("commit-balanced-tma-f32-T3", SQUARE, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
-     {"F_BALANCED": {"per_sm": 1, "TMA": True, "BLOCK_V": 16}}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),

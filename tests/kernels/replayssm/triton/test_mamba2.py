@@ -540,7 +540,7 @@ def test_commit_list_plan():
             continue
         assert first.kernel is tk._commit_list_kernel and first.grid == (1,)
         assert second.grid[1:] == (H, nw) and second.meta["LIST"] and second.meta["NT"] == -(-batch // nw), batch
-        # both programmatic dependent launches (COMMIT_PDL; 'meta' plans stand for the H200)
+        # both programmatic dependent launches (PDL; 'meta' plans stand for the H200)
         assert all(p.meta["GDC"] and p.meta["launch_pdl"] for p in (first, second))
 
 
