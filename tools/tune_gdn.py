@@ -322,7 +322,8 @@ _2P = dict(F_TWO_PASS=True)
 DUAL_2PASS = [rcfg(**_OUT_BIG, **f) for f in (
     dict(_W16, F_NR=8), dict(_2P, F_BLOCK_V=128, F_num_warps=4, F_CHUNK_K=16), dict(_2P, F_BLOCK_V=128, F_num_warps=4),
     dict(_2P, F_BLOCK_V=64, F_num_warps=4, F_CHUNK_K=16), dict(_2P, F_BLOCK_V=128, F_num_warps=8))]
-# TUNE_MODES names of the focused lists: (mode, configs, batch, models)
+
+
 def _table(mode: str, batch: int, **kw) -> dict:
     """The launch table's replay row for a MODE at this batch (dk = dv = 128), with kw over it."""
     m, sd, lo, _ = MODE[mode]
@@ -330,6 +331,7 @@ def _table(mode: str, batch: int, **kw) -> dict:
     return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual"), **kw}
 
 
+# TUNE_MODES names of the focused lists: (mode, configs, batch, models)
 EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) for b in (2, 4, 8)},
          **{f"lean-{m}": (m, c, 256, ("q122b",)) for m, c in LEAN.items()},
          **{f"flush-{m}": (m, c, 256, ("q122b",)) for m, c in FLUSH.items()},

@@ -1190,7 +1190,8 @@ def _gdn_dual_2pass_kernel(
          WRITE_O: o = S_n q (q l2-normalised, scaled) replaces the output-only launch's.
     The per-head work (M, X = (I + M)^-1 - I: _unit_tri_inv_minus_eye, SMALL_PREC) is done
     once per program. GDC: launched as a programmatic dependent (of the commit's cursor
-    launch, or the step's output-only launch), it waits for the kernel ahead of it before any load."""
+    launch, or the step's output-only launch), it waits for the kernel ahead of it before any
+    load."""
     gdc_wait_prior(GDC)
     w = tl.program_id(0)
     pid1 = tl.program_id(1)
@@ -1572,8 +1573,9 @@ def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
 def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, config=None):
     """Launch plan(s) of one replay step: [replay] (fused flush, ticket cursor) or, when the
     config says SPLIT, [output-only replay, flush step] (the second a programmatic dependent
-    launch of the first where the GPU has them: PDL, or the config's PDL); or, when it says EAGER_ROUTE, [the
-    eager route] (_gdn_replay_eager_kernel: a flush at every step, for small batches)."""
+    launch of the first where the GPU has them: PDL, or the config's PDL); or, when it says
+    EAGER_ROUTE, [the eager route] (_gdn_replay_eager_kernel: a flush at every step, for small
+    batches)."""
     batch, Hv, dv = v.shape
     Hk, dk = k.shape[1], k.shape[2]
     L = rs.capacity

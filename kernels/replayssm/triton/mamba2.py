@@ -1389,8 +1389,8 @@ def plan_commit(rs, A, accepted, state_indices=None):
     COMMIT_LIST_MAX rows): _commit_list_kernel moves the cursors and lists the folding rows,
     then NW = cdiv(rows * T, K) workers per head tile fold them (T = capacity - K, the most a
     commit adds: a staggered batch's folds in one pass each), the fold a programmatic
-    dependent launch of the list launch and that one of the verify (PDL); else the fold with one program
-    per (row, head tile), then the cursor pass."""
+    dependent launch of the list launch and that one of the verify (PDL); else the fold with
+    one program per (row, head tile), then the cursor pass."""
     bsz = accepted.shape[0]
     idx = state_indices if state_indices is not None else torch.arange(
         bsz, device=accepted.device, dtype=torch.int32)
@@ -1427,8 +1427,8 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
     """([launch], y) of speculative verification; see verify. Grid (cdiv(P, R), H, b): one
     [R, N] state tile per program, R = BLOCK_P from CONFIG_TABLE["verify"] (or
-    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n, maxnreg, tma, pdl), every
-    tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
+    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n, maxnreg, tma,
+    pdl), every tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
     OVERRIDE) adds a tail tile of next_pow2(P - BLOCK_P) rows (>= 16) when BLOCK_P < P:
     R = BLOCK_P + tail."""
     x, dt, B, C, z, A, D, dt_bias = (last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))

@@ -42,8 +42,8 @@ def signature(arg_names, args, meta: dict) -> tuple[dict, dict, dict]:
 
 def compile_launch(kernel, args, meta: dict, arch: int = 90, asm: bool = False) -> dict:
     """Compile one launch (JIT kernel, its arguments, its constexprs + num_warps / num_stages /
-    maxnreg / launch_pdl) for CUDA sm_<arch> without a GPU, with Triton's bundled LLVM, ptxas and cuobjdump.
-    Returns per thread / CTA: 'regs', 'spill_stores' and 'spill_loads' (bytes, ptxas -v),
+    maxnreg / launch_pdl) for CUDA sm_<arch> without a GPU, with Triton's bundled LLVM, ptxas
+    and cuobjdump. Returns per thread / CTA: 'regs', 'spill_stores' and 'spill_loads' (bytes, ptxas -v),
     'stack', 'local', 'shared' (cuobjdump's resource usage), 'smem' (the shared memory the
     launch asks for) and, with asm=True, 'asm' (Triton's ttgir / ptx / cubin ...). An EXACT constexpr is
     compiled as False (the GPU code path). Needs TRITON_INTERPRET unset in this process
