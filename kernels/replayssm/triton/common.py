@@ -1,6 +1,7 @@
-"""Elementwise @triton.jit helpers shared by the kernel modules (triton/mamba2.py, gdn.py,
-perdraft.py): the dt softplus and SiLU of the reference, and stores that round exactly like
-the GPU also under Triton's CPU interpreter."""
+"""@triton.jit helpers shared by the kernel modules (triton/mamba2.py, gdn.py, perdraft.py):
+the dt softplus and SiLU of the reference, stores that round exactly like the GPU also under
+Triton's CPU interpreter, prefetch hints, the programmatic-dependent-launch waits and releases,
+and a speculative commit's cursor move."""
 from __future__ import annotations
 
 import triton
@@ -89,3 +90,22 @@ def gdc_release(GDC: tl.constexpr):
     wait in gdc_wait_prior until this kernel has finished). No effect on other launches."""
     if GDC:
         gdc_launch_dependents()
+
+
+@triton.jit
+def list_commit_rows(idx_ptr, add_ptr, cur_ptr, lst_ptr, batch, K, BLOCK_B: tl.constexpr, LAST: tl.constexpr):
+    """A speculative commit's cursor move, in one program over the batch (the commit's first
+    launch): m = cursor[idx[b]] + add[b] for every live row (idx[b] >= 0, b < batch); the
+    cursor becomes 0 where m >= K (the row folds its entries 0..m-1) and m elsewhere; the
+    folding rows are listed as lst[rank] = (b << 16) | (m - 1 if LAST else m) at ranks
+    0, 1, ... (m <= L < 2^16, b < 2^15) and their count stored at lst[batch]."""
+    bb = tl.arange(0, BLOCK_B)
+    slot = tl.load(idx_ptr + bb, mask=bb < batch, other=-1)
+    live = slot >= 0
+    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
+    m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
+    fl = live & (m >= K)
+    tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
+    rank = tl.cumsum(fl.to(tl.int32), 0) - 1
+    tl.store(lst_ptr + rank, (bb << 16) | (m - 1 if LAST else m), mask=fl)
+    tl.store(lst_ptr + batch, tl.sum(fl.to(tl.int32), 0))

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
-from .common import cast, gdc_release, gdc_wait_prior, prefetch_hint
+from .common import cast, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
@@ -1011,7 +1011,7 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
     """First launch of a speculative commit, one program: with m = cursor + accepted[b],
     COMPACT: moves the cursors (0 where m >= K: the row flushes; else m) and lists the flushing
       rows for the flush step, nxt[r] = (b << 16) | (m - 1) at their ranks r, and their count
-      at nxt[batch];
+      at nxt[batch] (common.list_commit_rows);
     else: nxt[b] = m - 1, the last entry the commit keeps (-1 for a padded row, or a row with
       nothing committed: the flush step then leaves it alone), and the flush step moves the
       cursors.
@@ -1021,19 +1021,15 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
     lets the fold behind it launch, whose programs wait in turn."""
     gdc_wait_prior(GDC)
     gdc_release(GDC)
-    bb = tl.arange(0, BLOCK_B)
-    bm = bb < batch
-    slot = tl.load(idx_ptr + bb, mask=bm, other=-1)
-    live = slot >= 0
-    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
-    m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
     if COMPACT:
-        fl = live & (m >= flush_period)
-        tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
-        rank = tl.cumsum(fl.to(tl.int32), 0) - 1
-        tl.store(nxt_ptr + rank, (bb << 16) | (m - 1), mask=fl)      # (m <= L < 2^16, b < 2^15)
-        tl.store(nxt_ptr + batch, tl.sum(fl.to(tl.int32), 0))
+        list_commit_rows(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B, True)
     else:
+        bb = tl.arange(0, BLOCK_B)
+        bm = bb < batch
+        slot = tl.load(idx_ptr + bb, mask=bm, other=-1)
+        live = slot >= 0
+        m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
+        m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
         tl.store(nxt_ptr + bb, tl.where(live, m - 1, -1), mask=bm)
 
 

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast, gdc_release, gdc_wait_prior, prefetch_hint, silu, softplus
+from .common import cast, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint, silu, softplus
 from .launch import Launch, cache_lines, last_contig, out_like, pdl_meta, state_scratch, tma_rows
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
@@ -871,21 +871,13 @@ def _commit_list_kernel(idx_ptr, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B: tl
                         GDC: tl.constexpr = False):
     """First launch of a LIST commit, one program: m = cursor + accepted[r] per live row; the
     cursor becomes 0 where m >= K (the row folds entries 0..m-1) else m; the folding rows are
-    listed as lst[rank] = (r << 16) | m (m <= L < 2^16, r < 2^15), their count at lst[rows].
+    listed as lst[rank] = (r << 16) | m (m <= L < 2^16, r < 2^15), their count at lst[rows]
+    (common.list_commit_rows).
     GDC (a programmatic dependent launch): waits for the kernel ahead of it, then lets the
     fold behind it launch."""
     gdc_wait_prior(GDC)
     gdc_release(GDC)
-    rr = tl.arange(0, BLOCK_B)
-    slot = tl.load(idx_ptr + rr, mask=rr < rows, other=-1)
-    live = slot >= 0
-    slot = tl.maximum(slot, 0)
-    m = tl.load(cur_ptr + slot, mask=live, other=0) + tl.load(acc_ptr + rr, mask=live, other=0).to(tl.int32)
-    fl = live & (m >= K)
-    tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
-    rank = tl.cumsum(fl.to(tl.int32), 0) - 1
-    tl.store(lst_ptr + rank, (rr << 16) | m, mask=fl)
-    tl.store(lst_ptr + rows, tl.sum(fl.to(tl.int32), 0))
+    list_commit_rows(idx_ptr, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B, False)
 
 
 # ----------------------------------------------------------------------------- verify (speculation)

@@ -755,6 +755,8 @@ plans = {
     "replay fp32 acts (tf32x3)": tk.plan_replay_step(rs("replay", act=torch.float32), **inp(torch.float32), **p,
                                                      state_indices=idx, advance=False)[0],
     "commit dual bf16": tk.plan_commit(rs("dual", "bfloat16", K=16, L=20), p["A"], acc, idx),
+    # batch 128: the listed commit, both launches programmatic dependents (PDL)
+    "commit fp32 b128 listed": tk.plan_commit(rs("replay", K=16, L=20), p["A"], acc[:128], idx[:128]),
     "verify T4 fp32 (64 + 16 rows)": tk.plan_verify(rs("replay", K=16, L=20), **inp(torch.bfloat16, T=4), **p,
                                                      state_indices=idx)[0],
     "verify T4 dual bf16 (64 + 16 rows)": tk.plan_verify(rs("dual", "bfloat16", K=16, L=20),
