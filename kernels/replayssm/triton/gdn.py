@@ -67,7 +67,9 @@ _BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF":
 # Launches that follow one another within an op as programmatic dependents (launch.pdl_meta),
 # each waiting for the kernel ahead of it before touching memory: in the speculative round the
 # verify lets the commit's cursor launch start early, which lets the fold start early; in a SPLIT
-# replay step the output-only launch lets the flush step start early. Config key PDL per call.
+# replay step the output-only launch lets the flush step start early. The folds release too, so
+# in a model's commit phase (layer after layer) the next cursor launch starts early the same way.
+# Config key PDL per call.
 PDL = True
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 CONFIGS: dict[str, list[tuple]] = {
@@ -869,9 +871,11 @@ def _gdn_flush_step_kernel(
     flushing rows, nxt[r] = (b << 16) | n for ranks r < nxt[batch] (their count); a worker
     reads only its own ranks' entries, no batch-wide scan (_gdn_commit_cursor_kernel).
     GDC: launched as a programmatic dependent (of the commit's cursor launch, or the step's
-    output-only launch), it waits for the kernel ahead of it before any load.
+    output-only launch), it waits for the kernel ahead of it before any load, then lets a
+    programmatic dependent behind it start early (the next layer's commit, in a model).
     """
     gdc_wait_prior(GDC)
+    gdc_release(GDC)
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
     NRS: tl.constexpr = (DV + RP - 1) // RP
@@ -1057,8 +1061,10 @@ def _gdn_commit_balanced_kernel(
     as _gdn_flush_step_kernel's FOLD_MMA path, the next chunks hinted (PF) PF_DIST ahead.
     Loops have constexpr trip counts (NSEG segments of at most NC chunks, guarded), as the
     grid and shapes do: CUDA-graph safe. GDC: launched as a programmatic dependent of the
-    cursor launch, it waits for it before any load."""
+    cursor launch, it waits for it before any load, then lets a programmatic dependent behind
+    it start early (the next layer's commit, in a model)."""
     gdc_wait_prior(GDC)
+    gdc_release(GDC)
     NC: tl.constexpr = (DV + BLOCK_R - 1) // BLOCK_R
     GROUP: tl.constexpr = HV // HK
     p = tl.program_id(0).to(tl.int64)
@@ -1187,8 +1193,9 @@ def _gdn_dual_2pass_kernel(
     The per-head work (M, X = (I + M)^-1 - I: _unit_tri_inv_minus_eye, SMALL_PREC) is done
     once per program. GDC: launched as a programmatic dependent (of the commit's cursor
     launch, or the step's output-only launch), it waits for the kernel ahead of it before any
-    load."""
+    load, then lets a programmatic dependent behind it start early."""
     gdc_wait_prior(GDC)
+    gdc_release(GDC)
     w = tl.program_id(0)
     pid1 = tl.program_id(1)
     NRT: tl.constexpr = (DV + BLOCK_V - 1) // BLOCK_V

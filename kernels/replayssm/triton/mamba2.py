@@ -202,8 +202,9 @@ CURSOR_BLOCK = 256
 COMMIT_LIST = True
 COMMIT_LIST_MAX = 128
 # The speculative round's launches as programmatic dependents (launch.pdl_meta; LIST commits):
-# the verify lets the list launch start early, the list launch the fold; each waits for the
-# kernel ahead of it before touching memory. OVERRIDE["verify"]["pdl"] / ["fold"]["pdl"] for tuning.
+# the verify lets the list launch start early, the list launch the fold (and the fold the next
+# layer's list launch, in a model's commit phase); each waits for the kernel ahead of it before
+# touching memory. OVERRIDE["verify"]["pdl"] / ["fold"]["pdl"] for tuning.
 PDL = True
 # Verify: load the buffer tiles for all rows < min(K, L) before the cursor arrives (rows >= n
 # zeroed after): one dependent round trip less per program, up to K - n rows more read.
@@ -804,8 +805,10 @@ def _fold_kernel(
     workers; acc_ptr holds the folding rows as (r << 16) | n at ranks 0.., their count at
     [ROWS]; worker w folds the ranks w, w + NW, ... < the count (NT = cdiv(ROWS, NW) slots;
     no program per batch row that only finds nothing to do). GDC: launched as a programmatic
-    dependent (of the list launch), it waits for the kernel ahead of it before any load."""
+    dependent (of the list launch), it waits for the kernel ahead of it before any load, then
+    lets a programmatic dependent behind it start early (the next layer's commit, in a model)."""
     gdc_wait_prior(GDC)
+    gdc_release(GDC)
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     if LIST:
