@@ -327,7 +327,7 @@ DUAL_2PASS = [rcfg(**_OUT_BIG, **f) for f in (
 def _table(mode: str, batch: int, **kw) -> dict:
     """The launch table's replay row for a MODE at this batch (dk = dv = 128), with kw over it."""
     m, sd, lo, _ = MODE[mode]
-    rb = torch.empty(0, dtype=getattr(torch, lo or sd)).element_size()
+    rb = getattr(torch, lo or sd).itemsize
     return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual"), **kw}
 
 

@@ -93,17 +93,25 @@ def gdc_release(GDC: tl.constexpr):
 
 
 @triton.jit
+def commit_counts(idx_ptr, add_ptr, cur_ptr, batch, BLOCK_B: tl.constexpr):
+    """Per batch row b < BLOCK_B of a commit: (b, slot = idx[b] (-1 past batch), live =
+    slot >= 0, m = cursor[slot] + add[b], 0 for rows not live)."""
+    bb = tl.arange(0, BLOCK_B)
+    slot = tl.load(idx_ptr + bb, mask=bb < batch, other=-1)
+    live = slot >= 0
+    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
+    m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
+    return bb, slot, live, m
+
+
+@triton.jit
 def list_commit_rows(idx_ptr, add_ptr, cur_ptr, lst_ptr, batch, K, BLOCK_B: tl.constexpr, LAST: tl.constexpr):
     """A speculative commit's cursor move, in one program over the batch (the commit's first
     launch): m = cursor[idx[b]] + add[b] for every live row (idx[b] >= 0, b < batch); the
     cursor becomes 0 where m >= K (the row folds its entries 0..m-1) and m elsewhere; the
     folding rows are listed as lst[rank] = (b << 16) | (m - 1 if LAST else m) at ranks
     0, 1, ... (m <= L < 2^16, b < 2^15) and their count stored at lst[batch]."""
-    bb = tl.arange(0, BLOCK_B)
-    slot = tl.load(idx_ptr + bb, mask=bb < batch, other=-1)
-    live = slot >= 0
-    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
-    m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
+    bb, slot, live, m = commit_counts(idx_ptr, add_ptr, cur_ptr, batch, BLOCK_B)
     fl = live & (m >= K)
     tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
     rank = tl.cumsum(fl.to(tl.int32), 0) - 1

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import FP8_MAX, GDNReplayState
-from .common import cast, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint
+from .common import cast, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
@@ -1028,13 +1028,8 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
     if COMPACT:
         list_commit_rows(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B, True)
     else:
-        bb = tl.arange(0, BLOCK_B)
-        bm = bb < batch
-        slot = tl.load(idx_ptr + bb, mask=bm, other=-1)
-        live = slot >= 0
-        m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
-        m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
-        tl.store(nxt_ptr + bb, tl.where(live, m - 1, -1), mask=bm)
+        bb, _, live, m = commit_counts(idx_ptr, add_ptr, cur_ptr, batch, BLOCK_B)
+        tl.store(nxt_ptr + bb, tl.where(live, m - 1, -1), mask=bb < batch)
 
 
 @triton.jit
