@@ -169,6 +169,28 @@ def layers_for(state_bytes_per_layer: float, device: str) -> int:
     return max(1, min(MAX_LAYERS, math.ceil(STATE_TARGET_BYTES / max(state_bytes_per_layer, 1))))
 
 
+def workload(case, model, device: str, state_bytes: float):
+    """The timed work of a decode case: (sample, steps, layers). sample() runs `steps` = one
+    flush period of decode steps over `layers` independent layer states (enough that the state
+    streams from HBM on a GPU; `state_bytes` = modelled state read + write per step), all with
+    the same inputs and slot indices 0..batch-1; one sample is steps x layers units of work."""
+    dims, op = model.ssm, model.op
+    gen = torch.Generator().manual_seed(case.seed)
+    nl = layers_for(state_bytes / 2, device)
+    layers = [Layer(op, dims, case.method, case.backend, case.batch, case.buffer_len, case.flush_period,
+                    case.state_dtype, case.lo_dtype, device, gen) for _ in range(nl)]
+    inp, params = _inputs(op, dims, case.batch, device, gen)
+    idx = torch.arange(case.batch, dtype=torch.int32, device=device)
+    steps = max(case.flush_period, 1)
+
+    def sample():
+        for _ in range(steps):
+            for layer in layers:
+                layer.step(inp, params, idx)
+
+    return sample, steps, nl
+
+
 def run(case, ctx) -> dict:
     from . import spec
     if case.method in spec.METHODS:     # speculative rounds: runners/spec.py
@@ -186,20 +208,8 @@ def run(case, ctx) -> dict:
         check = float("nan")    # the reference is the oracle; its exactness is tested in tests/
     else:
         check = check_against_reference(case, model, device)
-    gen = torch.Generator().manual_seed(case.seed)
     state_bytes = traffic.parts["state_read"] + traffic.parts["state_write"]
-    nl = layers_for(state_bytes / 2, device)
-    layers = [Layer(op, dims, case.method, case.backend, case.batch, case.buffer_len, case.flush_period,
-                    case.state_dtype, case.lo_dtype, device, gen) for _ in range(nl)]
-    inp, params = _inputs(op, dims, case.batch, device, gen)
-    idx = torch.arange(case.batch, dtype=torch.int32, device=device)
-    steps = max(case.flush_period, 1)
-
-    def sample():
-        for _ in range(steps):
-            for layer in layers:
-                layer.step(inp, params, idx)
-
+    sample, steps, nl = workload(case, model, device, state_bytes)
     t = measure(sample, device, ctx.timing, per=steps * nl)
     rows, cols, heads = _state_geometry(op, dims)
     return {

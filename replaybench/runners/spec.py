@@ -165,6 +165,44 @@ def check_spec(case, model, device, rounds: int | None = None) -> float:
     return worst
 
 
+def _request_bytes(case, model) -> tuple[float, float]:
+    """(state, buffer) bytes per request of one layer for the case (memory.layer_memory)."""
+    st_b, buf_b, _ = layer_memory(model, case.method, case.spec_window, max(case.buffer_len, 1), case.state_dtype,
+                                  case.lo_dtype if case.lo_dtype != "none" else "bfloat16")
+    return st_b, buf_b
+
+
+def workload(case, model, device: str, accept):
+    """The timed work of a speculative case: (sample, rounds, layers, accepted [rounds, b] as
+    drawn, count_bytes). sample() runs `rounds` verify + commit rounds (at least one flush
+    period) over `layers` independent layer states, enough that all their state together is
+    >= the kernel runner's target (HBM, not L2), with accept counts drawn from `accept` and read
+    on the device. count_bytes() runs one sample's schedule on the first layer under the ops'
+    byte counter (syncs; untimed) and returns its bytes per round."""
+    T, B = case.spec_window, case.batch
+    st_b, buf_b = _request_bytes(case, model)
+    nl = layers_for(B * (st_b + buf_b), device)
+    gen = torch.Generator().manual_seed(case.seed)
+    spec = _Spec(case, model, case.backend, B, device, nl, gen)
+    inp, params = spec_inputs(model.op, model.ssm, B, T, device, gen)
+    out = torch.empty_like(inp["x"] if model.op == "mamba2" else inp["v"])
+    rounds = max(case.flush_period, MIN_ROUNDS if str(device).startswith("cuda") else 2)
+    acc_np = draw_accepted(accept, T, B, rounds, case.seed)
+    acc = torch.as_tensor(acc_np, device=device).contiguous()        # [R, b] int32, read on the device
+
+    def sample():
+        for r in range(rounds):
+            spec.round(inp, params, acc[r], out)
+
+    def count_bytes() -> float:
+        cnt = ByteCounter()
+        for r in range(rounds):
+            spec.round(inp, params, acc[r], out, counter=cnt, layers=spec.layers[:1])
+        return cnt.total() / rounds
+
+    return sample, rounds, nl, acc_np, count_bytes
+
+
 def run(case, ctx) -> dict:
     if case.method not in METHODS:
         raise SkipCase(f"method {case.method!r} is not measured by the speculative runner; allowed: "
@@ -178,33 +216,13 @@ def run(case, ctx) -> dict:
     accept = resolve_accept(case.accept if case.accept not in (None, "", "none") else DEFAULT, T)
     check = float("nan") if case.backend == "reference" else check_spec(case, model, device)
 
-    # layers: all their state together >= the kernel runner's target (HBM, not L2)
-    st_b, buf_b, _ = layer_memory(model, case.method, T, max(case.buffer_len, 1), case.state_dtype,
-                                  case.lo_dtype if case.lo_dtype != "none" else "bfloat16")
-    nl = layers_for(B * (st_b + buf_b), device)
-    gen = torch.Generator().manual_seed(case.seed)
-    spec = _Spec(case, model, case.backend, B, device, nl, gen)
-    inp, params = spec_inputs(model.op, model.ssm, B, T, device, gen)
-    out = torch.empty_like(inp["x"] if model.op == "mamba2" else inp["v"])
-    cuda = str(device).startswith("cuda")
-    rounds = max(case.flush_period, MIN_ROUNDS if cuda else 2)
-    acc_np = draw_accepted(accept, T, B, rounds, case.seed)
-    acc = torch.as_tensor(acc_np, device=device).contiguous()        # [R, b] int32, read on the device
-
+    sample, rounds, nl, acc_np, count_bytes = workload(case, model, device, accept)
     # the ops' own byte accounting over one sample's schedule (one layer, untimed; syncs;
     # skipped for interpreted Triton kernels on a CPU, where it would only add minutes)
-    bytes_counted = None
-    if cuda or case.backend == "reference":
-        cnt = ByteCounter()
-        for r in range(rounds):
-            spec.round(inp, params, acc[r], out, counter=cnt, layers=spec.layers[:1])
-        bytes_counted = cnt.total() / rounds
-
-    def sample():
-        for r in range(rounds):
-            spec.round(inp, params, acc[r], out)
-
+    cuda = str(device).startswith("cuda")
+    bytes_counted = count_bytes() if cuda or case.backend == "reference" else None
     t = measure(sample, device, ctx.timing, per=rounds * nl)
+    st_b, buf_b = _request_bytes(case, model)
     traffic = step_traffic(case, model)
     m_drawn = float(acc_np.mean())
     rows, cols, heads = _state_geometry(model.op, model.ssm)

@@ -17,3 +17,31 @@ def test_check_passes_on_every_route(model, method, lo, batch):
     m = get_model(model)
     c = Case("c", "kernel", m.name, m.op, method, "triton", batch, 16, 16, 0, "float32", lo)
     assert check_against_reference(c, m, "cpu", steps=18) < (1e-4 if lo == "none" else 1e-2)
+
+
+@pytest.mark.parametrize("method", ["eager", "replay"])
+def test_workload_is_one_flush_period_over_the_layers(method):
+    # the timed sample (also what tools/graph_profile.py profiles): K steps of every layer;
+    # staggered cursors come back to where they started after a whole flush period
+    import torch
+
+    from replaybench.runners.kernel import workload
+    m = get_model("tiny-gdn")
+    L = 16 if method == "replay" else 0
+    c = Case("c", "kernel", m.name, m.op, method, "reference", 5, L, L, 0, "float32", "none")
+    sample, steps, layers = workload(c, m, "cpu", 1.0)
+    assert (steps, layers) == ((16, 1) if method == "replay" else (1, 1))
+    if method == "replay":
+        import replayssm.reference as R
+        calls = []
+        orig = R.gdn_replay_step
+        try:
+            R.gdn_replay_step = lambda rs, **kw: calls.append(rs.cursor.clone()) or orig(rs, **kw)
+            sample()
+        finally:
+            R.gdn_replay_step = orig
+        assert len(calls) == 16
+        assert torch.equal(calls[0], torch.arange(5, dtype=torch.int32) % 16)
+        assert [int(c[0]) for c in calls] == list(range(16))     # row 0 walks its whole period
+    else:
+        sample()
