@@ -332,19 +332,8 @@ def _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, c
 @triton.jit
 def _eager_update(S, kn, qn, vv, alpha, bt):
     """(S', o) of one eager step of the tile S from its inputs (see _eager_tile)."""
-    sk, sq = _eager_dots(S, kn, qn)
-    return _eager_apply(S, sk, sq, kn, qn, vv, alpha, bt)
-
-
-@triton.jit
-def _eager_dots(S, kn, qn):
-    """(S k, S q) [BLOCK_V] of the tile S."""
-    return tl.sum(S * kn[None, :], 1), tl.sum(S * qn[None, :], 1)
-
-
-@triton.jit
-def _eager_apply(S, sk, sq, kn, qn, vv, alpha, bt):
-    """(S', o) of one eager step of the tile S given its dots sk = S k, sq = S q."""
+    sk = tl.sum(S * kn[None, :], 1)
+    sq = tl.sum(S * qn[None, :], 1)
     u = bt * (vv - alpha * sk)
     return alpha * S + u[:, None] * kn[None, :], alpha * sq + u * tl.sum(kn * qn, 0)
 
@@ -391,23 +380,38 @@ def _gdn_replay_eager_kernel(
         n = tl.load(cur_ptr + slot64) & _CUR_MASK
         kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
                                               cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
-        # The tile's dots are taken before the branch on n (and again after a fold): with S
-        # first used after the branch, ptxas issued the tile's loads only after the inputs'
-        # round trip (their norms), one DRAM latency more than the eager kernel's step
-        # (Qwen3.5-4B batch 1, in a CUDA graph: 3.24 vs 2.87 us per launch).
-        sk, sq = _eager_dots(S, kn, qn)
+        # The steady state (n = 0) runs the eager kernel's step as it is, and only then branches
+        # on n. With the step after the branch, ptxas issued the tile's loads after the inputs'
+        # round trip (their norms): one DRAM latency more per launch than the eager kernel
+        # (Qwen3.5-4B batch 1, in a CUDA graph: 3.24 vs 2.87 us).
+        # Each branch stores its own results: a phi of the two would be stored through a layout
+        # conversion in shared memory, behind a barrier, that the eager kernel does not have.
+        S, o = _eager_update(S, kn, qn, vv, alpha, bt)
         if n > 0:
+            # pending entries (rare: after a route switch): the step again, from the tile as
+            # stored (nothing is written before this branch) with the entries folded in first
+            S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
             S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
                       HV, HK, DK, DV, L, DUAL, EPS)
-            sk, sq = _eager_dots(S, kn, qn)
+            S, o = _eager_update(S, kn, qn, vv, alpha, bt)
+            _route_store(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8,
+                         LO_FP8, DUAL, INTERP)
             old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
             if (old >> 16) == nprog - 1:
                 tl.atomic_xchg(cur_ptr + slot64, 0, sem="relaxed")
-        S, o = _eager_apply(S, sk, sq, kn, qn, vv, alpha, bt)
-        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
-        if DUAL:
-            _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
-        tl.store(o_ptrs, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
+        else:
+            _route_store(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8,
+                         LO_FP8, DUAL, INTERP)
+
+
+@triton.jit
+def _route_store(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask,
+                 HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr):
+    """The eager route's writes: the tile S to the high copy (dual: and the low copy), o [BLOCK_V]."""
+    _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
+    if DUAL:
+        _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
+    tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
 
 
 # ----------------------------------------------------------------------------- replay
