@@ -33,7 +33,7 @@ BUDGET = float(os.environ.get("TUNE_BUDGET_S", "200"))
 # flush-dual-fp8, flush-bf16, flush-f32; flush-dual-bf16-b8 / -b16 / -b32 at those batches;
 # flush-dual-2pass: the two-pass dual kernel as the flush step),
 # route-dual-b2 / -b4 / -b8 (dual bf16: eager route vs buffered) and
-# b1 / b4 / b8 / b32 (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything,
+# b1 / b2 / b4 / b8 / b32 / b64 (fp32 eager vs replay at that batch, both Qwen3.5 dims). Unset: everything,
 # then batch 1/32 and Qwen3.5-4B around this run's winners.
 FOCUS = [m for m in os.environ.get("TUNE_MODES", "").split(",") if m]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -354,12 +354,12 @@ SMALL = {  # batch 1 and 32: fp32 only
     # or 8 chunks of 16 rows x 2 warps (105 registers); with and without the buffer's early
     # (cursor-independent) reads (tune_gdn_s16_b1_b32.txt: Qwen3.5-4B 32.9 us without them at
     # 4 chunks, 36.5 with)
-    32: {"f32": [rcfg(32, 4, 2, 2, 2, 2, True, True), rcfg(32, 4, 4, 4, 2, 2, True),
-                 rcfg(16, 2, 8, 2, 2, 2, True, True), rcfg(16, 2, 8, 2, 2, 2, True), rcfg(32, 4, 2, 2, 2, 2, True),
-                 rcfg(16, 2, 4, 2, 2, 2, True), rcfg(16, 2, 8, 2, 2, 3, True), rcfg(32, 4, 4, 4, 2, 1, True),
-                 rcfg(16, 2, 4, 2, 2, 2, True, True)],
-         "eager-f32": [EAGER(16, 2), EAGER(8, 2)]},
+    32: {"f32": [rcfg(32, 4, 2, 2, 2, 2, True, True), rcfg(32, 4, 4, 2, 2, 1, True), rcfg(32, 4, 4, 2, 2, 2, True),
+                 rcfg(32, 4, 4, 4, 2, 1, True), rcfg(16, 2, 8, 2, 2, 2, True), rcfg(16, 2, 4, 2, 2, 2, True)],
+         "eager-f32": [EAGER(8, 2)]},
 }
+# batch 64 (the same table row as batch 32): whether the batch-32 candidates hold there
+SMALL[64] = {"f32": SMALL[32]["f32"], "eager-f32": [EAGER(8, 2)]}
 # batch 2, 4 and 8: where the eager route stops paying (the buffered rows first: session 5's
 # shipped fused 8 x 1 warp at batch <= 4, split 32 x 4 warps above)
 for _b in (2, 4, 8):
