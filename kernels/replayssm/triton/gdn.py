@@ -82,10 +82,14 @@ CONFIGS: dict[str, list[tuple]] = {
     # fp32 replay, batch <= 16: the eager route (a flush at every step, eager's traffic; see
     # _gdn_replay_eager_kernel). Qwen3.5-122B b1 / b4 / b8: 4.3 / 10.5 / 18.5 us vs 5.9 / 13.0 /
     # 21.6 buffered (eager 4.0 / 10.1 / 18.1); at b16 buffered ran 0.83x (Qwen3.5-4B) and 0.96x
-    # eager (h200-small-batch-20261130); at batch 32 the buffered split route wins (64.7 vs 67.9)
+    # eager (h200-small-batch-20261130); at batch 32 the buffered split route wins.
+    # Batch 17-64: programs of 2 heads x 4 chunks of 32 rows (one wave at batch 32), no early
+    # buffer reads. Qwen3.5-4B / Qwen3.5-122B b32 31.8 / 61.4 us, b64 62.0 / 107.7, against
+    # 36.3 / 64.3 and 65.3 / 116.1 for 2 chunks with them (eager b32 34.9 / 67.3;
+    # tune_gdn_s16_b32_b64.txt)
     "replay":   [(16, 4, 1, {"EAGER_ROUTE": True}),
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
-                 (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
+                 (64, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True}),
                  (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
     # 16-bit read copies (bf16 state; dual fp32 + bf16 up to DUAL_ROUTE_BATCH), batch <= 16: the
     # eager route too. bf16 state, routed / buffered x our bf16 eager: Qwen3.5-122B b1 0.99 / 0.51,

@@ -653,7 +653,10 @@ for b in (1, 256):
     for mode, lo, sd in modes:
         for j, p in enumerate(G.plan_replay(rs(mode, lo, sd=sd), **i, state_indices=None, scale=.1, o=i["v"])):
             res[f"replay {mode} {lo or sd} b{b} launch {j}"] = p
-    if b == 1:  # the small-batch eager route (opt-in until measured)
+    if b == 1:  # the small-batch eager route at another tile; batch 32's row (two heads x 4 chunks per program)
+        i32 = x(32)
+        for j, p in enumerate(G.plan_replay(rs("replay"), **i32, state_indices=None, scale=.1, o=i32["v"])):
+            res[f"replay replay float32 b32 launch {j}"] = p
         for mode, lo in (("replay", None), ("dual", "bfloat16")):
             res[f"replay eager-route {mode} b1"] = G.plan_replay(rs(mode, lo), **i, state_indices=None, scale=.1,
                                                                  o=i["v"], config={"EAGER_ROUTE": True, "BLOCK_V": 8,
