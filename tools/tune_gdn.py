@@ -338,6 +338,11 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"flush-dual-bf16-b{b}": ("dual-bf16", FLUSH_SMALL, b, ("q122b",)) for b in (8, 16)},
          "flush-dual-bf16-b32": ("dual-bf16", FLUSH_B32, 32, ("q122b", "q4b")),
          "flush-dual-2pass": ("dual-bf16", DUAL_2PASS, 256, ("q122b", "q4b")),
+         # session 16: 16-bit read copies at batch 8 / 32 (the table's batch <= 64 row) with the fp32
+         # row's change (4 chunks per program, no early buffer reads) and 16-row x 8-chunk programs
+         **{f"small16-{m}-b{b}": (m, [_table(m, b), _table(m, b, NR=4, PF_DIST=1, PREFETCH=False),
+                                      _table(m, b, BLOCK_V=16, num_warps=2, NR=8, PREFETCH=False)], b, ("q122b", "q4b"))
+            for m in ("dual-bf16", "bf16") for b in (8, 32)},
          # session 15: the SPLIT step's flush launch as a programmatic dependent (gdn.PDL) vs not,
          # the table's rows otherwise
          **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))
