@@ -6,10 +6,10 @@ sweep times whole CUDA-graph replays. This tool sits between them: it builds the
 timed workload for one case (replaybench.runners.kernel.workload / runners.spec.workload: the
 same layers, steps and staggered cursors), captures it in a CUDA graph as the sweep's timing
 does, replays it under torch.profiler (CUPTI kernel records), and prints per kernel name its
-launches per step, mean and median duration, and time per step; then the step's span (first
-kernel start to last kernel end, per step), the sum of kernel durations per step, the union
-of the kernels' busy intervals per step (programmatic dependent launches overlap), and the
-graph replay's wall time per step from CUDA events (no profiler).
+launches per step, mean and median duration, and time per step; then, per step, the span
+(first kernel start to last kernel end over all replays, so the gaps between replays count),
+the sum of kernel durations, the union of the kernels' busy intervals (programmatic dependent
+launches overlap) and the graph replay's wall time from CUDA events (no profiler).
 
 usage (GPU machine):
   python3 tools/graph_profile.py --model q4b --method replay --batch 32 [--L 16 --K 16] [--lo bfloat16]

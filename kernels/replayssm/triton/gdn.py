@@ -359,13 +359,16 @@ def _gdn_replay_eager_kernel(
     """The replay step's eager route (EAGER_ROUTE, a small-batch route): a flush at every step,
     with eager's traffic and latency. One [BLOCK_V, dk] tile of the HIGH checkpoint per program.
 
-    n = cursor, read with a plain load beside the state's. n > 0 (entries a buffered-route step
-    left): fold them first, as a flush does (_fold; dual: u recomputed against the high state),
-    then count the program in with a ticket (cursor high bits); the last program resets the
-    cursor to 0. Every program has read n before that (it reads before its own ticket), so all
-    agree on n. Then the eager step on the tile, written to the high copy (dual: and the low
-    copy refreshed), o = S' q. Nothing is appended and, in the steady state (n = 0), no atomic
-    and no cursor write happen: the state stays consistent for steps of either route."""
+    n = cursor, read with a plain load beside the state's. The eager step on the tile, written
+    to the high copy (dual: and the low copy refreshed), o = S' q. n > 0 (entries a
+    buffered-route step left): the step is taken from the tile with them folded in first, as a
+    flush folds them (_fold; dual: u recomputed against the high state), then the program
+    counts itself in with a ticket (cursor high bits); the last program resets the cursor to
+    0. Every program has read n before that (it reads before its own ticket), so all agree on
+    n. The steady state (n = 0) is computed ahead of the branch on n and the rare path redoes
+    it from a second read of the tile (see the comment in the body). Nothing is appended and,
+    at n = 0, no atomic and no cursor write happen: the state stays consistent for steps of
+    either route."""
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
