@@ -167,22 +167,30 @@ def time_cpu(fn: Callable[[], None], cfg, per: int = 1) -> Timing:
     return _summary(samples, 0, per, [], set())
 
 
-def time_cuda_graph(fn: Callable[[], None], cfg, per: int = 1, batch: int = 10, use_graph: bool = True) -> Timing:
-    """CUDA-graph replay timing; `fn` launches the work of one sample (e.g. all layers x K steps)."""
+def warm_up(fn: Callable[[], None], times: int) -> None:
+    """Run fn `times` (>= 1) times on a side stream (compile, autotune, allocator), as a CUDA
+    graph capture needs, and wait for it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(max(cfg.warmup, 1)):  # warm up: compile, autotune, allocator
+        for _ in range(max(times, 1)):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    if use_graph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
-    else:
-        run = fn
+
+
+def capture(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """fn's launches captured in a CUDA graph (warm fn up first: warm_up)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def time_cuda_graph(fn: Callable[[], None], cfg, per: int = 1, batch: int = 10, use_graph: bool = True) -> Timing:
+    """CUDA-graph replay timing; `fn` launches the work of one sample (e.g. all layers x K steps)."""
+    warm_up(fn, cfg.warmup)
+    run = capture(fn).replay if use_graph else fn
     for _ in range(2):
         run()
     torch.cuda.synchronize()

@@ -105,17 +105,10 @@ def main() -> int:
         args.lo = "none"
 
     import torch
+    from replaybench.timing import capture, warm_up
     case, sample, units = build(args)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):     # compile + warm up, as replaybench.timing does
-        for _ in range(2):
-            sample()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sample()
+    warm_up(sample, 2)          # as the sweep's timing does (scenario warmup 2)
+    graph = capture(sample)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
