@@ -67,7 +67,6 @@ def build(args):
 
     from replaybench.models import get_model
     from replaybench.runners import kernel, spec
-    from replaybench.traffic import step_traffic
     model = get_model(nk.ts.MODELS.get(args.model, args.model))
     case = nk.make_case(args, model.name)
     if case.method in spec.METHODS:
@@ -78,9 +77,7 @@ def build(args):
                                      case.spec_window)
         sample, rounds, nl, _, _ = spec.workload(case, model, "cuda", accept)
         return case, sample, rounds * nl
-    traffic = step_traffic(case, model)
-    sample, steps, nl = kernel.workload(case, model, "cuda",
-                                        traffic.parts["state_read"] + traffic.parts["state_write"])
+    sample, steps, nl = kernel.workload(case, model, "cuda")
     return case, sample, steps * nl
 
 

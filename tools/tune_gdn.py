@@ -50,6 +50,7 @@ from replayssm.state import GDNReplayState  # noqa: E402
 from replayssm.triton import gdn as TK  # noqa: E402
 from replayssm.triton.common import cast as _cast  # noqa: E402
 from replayssm.triton.gdn import _CUR_MASK, _TICKET, _ckpt_load, _ckpt_store, _fold  # noqa: E402,F401
+from replaybench.timing import capture, warm_up  # noqa: E402
 from replaybench.traffic import eager_traffic, gdn_layer_bytes, replay_traffic  # noqa: E402
 
 MODELS = {"q122b": (16, 64), "q4b": (16, 32)}       # (key heads, value heads); dk = dv = 128
@@ -502,15 +503,8 @@ def precompile(jobs, workers, deadline_s=75.0):
 # ----------------------------------------------------------------------------- measuring
 def time_graph(fn, reps=5) -> float:
     """Median microseconds of one replay of a CUDA graph of fn (warmed up and captured first)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    warm_up(fn, 1)
+    g = capture(fn)
     g.replay()
     torch.cuda.synchronize()
     ts = []

@@ -169,14 +169,15 @@ def layers_for(state_bytes_per_layer: float, device: str) -> int:
     return max(1, min(MAX_LAYERS, math.ceil(STATE_TARGET_BYTES / max(state_bytes_per_layer, 1))))
 
 
-def workload(case, model, device: str, state_bytes: float):
+def workload(case, model, device: str):
     """The timed work of a decode case: (sample, steps, layers). sample() runs `steps` = one
-    flush period of decode steps over `layers` independent layer states (enough that the state
-    streams from HBM on a GPU; `state_bytes` = modelled state read + write per step), all with
-    the same inputs and slot indices 0..batch-1; one sample is steps x layers units of work."""
+    flush period of decode steps over `layers` independent layer states (enough that the
+    state, by the traffic model's bytes per step, streams from HBM on a GPU), all with the same
+    inputs and slot indices 0..batch-1; one sample is steps x layers units of work."""
     dims, op = model.ssm, model.op
+    parts = step_traffic(case, model).parts
     gen = torch.Generator().manual_seed(case.seed)
-    nl = layers_for(state_bytes / 2, device)
+    nl = layers_for((parts["state_read"] + parts["state_write"]) / 2, device)
     layers = [Layer(op, dims, case.method, case.backend, case.batch, case.buffer_len, case.flush_period,
                     case.state_dtype, case.lo_dtype, device, gen) for _ in range(nl)]
     inp, params = _inputs(op, dims, case.batch, device, gen)
@@ -209,7 +210,7 @@ def run(case, ctx) -> dict:
     else:
         check = check_against_reference(case, model, device)
     state_bytes = traffic.parts["state_read"] + traffic.parts["state_write"]
-    sample, steps, nl = workload(case, model, device, state_bytes)
+    sample, steps, nl = workload(case, model, device)
     t = measure(sample, device, ctx.timing, per=steps * nl)
     rows, cols, heads = _state_geometry(op, dims)
     return {

@@ -29,7 +29,7 @@ def test_workload_is_one_flush_period_over_the_layers(method):
     m = get_model("tiny-gdn")
     L = 16 if method == "replay" else 0
     c = Case("c", "kernel", m.name, m.op, method, "reference", 5, L, L, 0, "float32", "none")
-    sample, steps, layers = workload(c, m, "cpu", 1.0)
+    sample, steps, layers = workload(c, m, "cpu")
     assert (steps, layers) == ((16, 1) if method == "replay" else (1, 1))
     if method == "replay":
         import replayssm.reference as R
