@@ -332,6 +332,18 @@ def _table(mode: str, batch: int, **kw) -> dict:
     return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual"), **kw}
 
 
+def _route_list(mode: str, batch: int) -> list[dict]:
+    """Session 17's candidates at a batch of 8-32: the table's row, the eager route (4 / 8 rows x 1
+    warp) and, 16-bit read copies at batch >= 16, the batch-<=64 buffered row of the table with
+    session 16's two changes (4 chunks per program without the early buffer reads; 16-row x
+    8-chunk programs on 2 warps)."""
+    cands = [_table(mode, batch), ROUTE(4, 1), ROUTE(8, 1)]
+    if mode != "f32" and batch >= 16:
+        cands += [_table(mode, 32), _table(mode, 32, NR=4, PF_DIST=1, PREFETCH=False),
+                  _table(mode, 32, BLOCK_V=16, num_warps=2, NR=8, PREFETCH=False)]
+    return list({vname(c): c for c in cands}.values())
+
+
 # TUNE_MODES names of the focused lists: (mode, configs, batch, models)
 EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) for b in (2, 4, 8)},
          **{f"lean-{m}": (m, c, 256, ("q122b",)) for m, c in LEAN.items()},
@@ -344,6 +356,15 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"small16-{m}-b{b}": (m, [_table(m, b), _table(m, b, NR=4, PF_DIST=1, PREFETCH=False),
                                       _table(m, b, BLOCK_V=16, num_warps=2, NR=8, PREFETCH=False)], b, ("q122b", "q4b"))
             for m in ("dual-bf16", "bf16") for b in (8, 32)},
+         # session 17: our eager kernel at batch 8-64 (the table ran 8 rows x 2 warps there, though
+         # session 6 had 4 x 1 faster at batch 8: tune_gdn_route.txt), and the replay step's
+         # routes beside it: the table's row against the eager route (4 / 8 rows x 1 warp) and,
+         # 16-bit copies, the buffered rows of the session-16 probe
+         **{f"eager-{m}-b{b}": (f"eager-{m}", [EAGER(4, 1), EAGER(8, 1), EAGER(8, 2), EAGER(16, 1), EAGER(16, 2),
+                                               EAGER(4, 2)], b, ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (8, 16, 32, 64)},
+         **{f"route-{m}-b{b}": (m, _route_list(m, b), b, ("q122b", "q4b"))
+            for m in ("f32", "bf16", "dual-bf16") for b in (8, 16, 32)},
          # session 15: the SPLIT step's flush launch as a programmatic dependent (gdn.PDL) vs not,
          # the table's rows otherwise
          **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))
@@ -760,7 +781,10 @@ def main():
             if mode in extra:
                 m, cfgs, b, models = EXTRA[mode]
                 for mo in models:
-                    run_replay(mo, m, b, cfgs)
+                    if m.startswith("eager-"):
+                        run_eager(mo, {"eager-f32": "float32", "eager-bf16": "bfloat16"}[m], b, cfgs)
+                    else:
+                        run_replay(mo, m, b, cfgs)
                 continue
             if mode in small:   # fp32 eager vs replay at a small batch, both Qwen3.5 dims
                 b = int(mode[1:])
