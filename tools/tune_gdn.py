@@ -213,7 +213,8 @@ def vname(c) -> str:
     if c.get("OLD"):
         return f"old BV{c['BLOCK_V']} w{c['num_warps']}"
     if c.get("EAGER_ROUTE"):
-        return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}"
+        return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}" + "".join(
+            f" {k}{c[k]}" for k in ("maxnreg", "num_stages") if c.get(k))
     if "NR" not in c:
         return f"eager BV{c['BLOCK_V']} w{c['num_warps']}"
     s = f"{'split' if c.get('SPLIT') else 'fused'} R{c['BLOCK_V']}x{c['NR']} H{c['HP']} w{c['num_warps']}"
@@ -365,6 +366,16 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
             for m in ("f32", "bf16") for b in (8, 16, 32, 64)},
          **{f"route-{m}-b{b}": (m, _route_list(m, b), b, ("q122b", "q4b"))
             for m in ("f32", "bf16", "dual-bf16") for b in (8, 16, 32)},
+         # session 17: the eager route carries the rare path's registers (pending entries folded):
+         # 126-127 at 8 rows x 1 warp vs the eager kernel's 64 (bf16) / 80 (fp32), half its
+         # occupancy (bf16 b32: 37.8 / 20.1 us vs eager 35.1 / 18.9, tune_gdn_s17a.txt). Capped
+         # by a register budget (ptxas spills in the rare path) or no loop pipelining
+         **{f"route-regs-{m}-b{b}": (m, [ROUTE(8, 1), dict(ROUTE(8, 1), maxnreg=64), dict(ROUTE(8, 1), maxnreg=80),
+                                         dict(ROUTE(8, 1), num_stages=1), ROUTE(4, 1), dict(ROUTE(4, 1), maxnreg=56),
+                                         dict(ROUTE(4, 1), num_stages=1)], b, ("q122b", "q4b"))
+            for m in ("f32", "bf16", "dual-bf16") for b in (1, 8, 32)},
+         **{f"eager-{m}-b{b}": (f"eager-{m}", [EAGER(4, 1), EAGER(8, 1), EAGER(16, 1)], b, ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (1, 2, 4, 128, 256)},
          # session 15: the SPLIT step's flush launch as a programmatic dependent (gdn.PDL) vs not,
          # the table's rows otherwise
          **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))
@@ -670,7 +681,7 @@ def run_replay(model, mode, batch, cfgs):
                 print(f"FAIL {model} {mode} b{batch} {name}: {why}", flush=True)
                 continue
             cks = launch(plans_for("replay", cfg, layers[0], x, idx, o))
-            regs = "/".join(str(c.n_regs) for c in cks)
+            regs = "/".join(str(c.n_regs) + (f"+{c.n_spills}sp" if c.n_spills else "") for c in cks)
             plans = [plans_for("replay", cfg, rs, x, idx, o) for rs in layers]
 
             def sample():

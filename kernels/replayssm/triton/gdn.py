@@ -1731,8 +1731,9 @@ def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scal
     buf, dual = _buffer_args(rs)
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), ck[0], rs.cursor,
             *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv, *ck[1:], *buf]
-    return _gdn_replay_eager_kernel, grid, args, _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity,
-                                                              DUAL=dual, **ck_meta)
+    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual, **ck_meta)
+    _launch_options(meta, cfg)
+    return _gdn_replay_eager_kernel, grid, args, meta
 
 
 def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):
