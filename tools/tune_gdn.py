@@ -216,7 +216,8 @@ def vname(c) -> str:
         return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}" + "".join(
             f" {k}{c[k]}" for k in ("maxnreg", "num_stages") if c.get(k))
     if "NR" not in c:
-        return f"eager BV{c['BLOCK_V']} w{c['num_warps']}"
+        return f"eager BV{c['BLOCK_V']} w{c['num_warps']}" + "".join(
+            f" {k}{c[k]}" for k in ("maxnreg", "num_stages") if c.get(k))
     s = f"{'split' if c.get('SPLIT') else 'fused'} R{c['BLOCK_V']}x{c['NR']} H{c['HP']} w{c['num_warps']}"
     s += f" pf{c['PF']}/{c['PF_DIST']}" if c["PF"] else " pf0"
     if c.get("PREFETCH"):
@@ -340,8 +341,9 @@ def _route_list(mode: str, batch: int) -> list[dict]:
     8-chunk programs on 2 warps)."""
     cands = [_table(mode, batch), ROUTE(4, 1), ROUTE(8, 1)]
     if mode != "f32" and batch >= 16:
-        cands += [_table(mode, 32), _table(mode, 32, NR=4, PF_DIST=1, PREFETCH=False),
-                  _table(mode, 32, BLOCK_V=16, num_warps=2, NR=8, PREFETCH=False)]
+        cands += [dict(c, EAGER_ROUTE=False) for c in (   # (a per-call config without it keeps the row's route)
+            _table(mode, 32), _table(mode, 32, NR=4, PF_DIST=1, PREFETCH=False),
+            _table(mode, 32, BLOCK_V=16, num_warps=2, NR=8, PREFETCH=False))]
     return list({vname(c): c for c in cands}.values())
 
 
@@ -376,6 +378,10 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
             for m in ("f32", "bf16", "dual-bf16") for b in (1, 8, 32)},
          **{f"eager-{m}-b{b}": (f"eager-{m}", [EAGER(4, 1), EAGER(8, 1), EAGER(16, 1)], b, ("q122b", "q4b"))
             for m in ("f32", "bf16") for b in (1, 2, 4, 128, 256)},
+         # the eager kernel under the budgets that helped the route (fairness: the same treatment)
+         **{f"eager-regs-{m}-b{b}": (f"eager-{m}", [EAGER(4, 1), dict(EAGER(4, 1), maxnreg=56), dict(EAGER(4, 1), maxnreg=48),
+                                                    EAGER(8, 1), dict(EAGER(8, 1), maxnreg=56)], b, ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (1, 8, 32, 256)},
          # session 15: the SPLIT step's flush launch as a programmatic dependent (gdn.PDL) vs not,
          # the table's rows otherwise
          **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))

@@ -163,7 +163,7 @@ def groups_for(model: str, nano: bool) -> list[dict]:
                   (["eager-f8w1", "eager-f32w8", "eager-f16w2"] if b == 1 else [])),
                 g(4, "vllm-eager", b, "bfloat16", "none", ["vllm"]),
                 g(4, "eager", b, "bfloat16", "none", ["default", "e16x1w4", "e16x0w4", "e64x1w8"] +
-                  (EAGER_MID if b == 32 else []))]
+                  EAGER_MID)]
     # batch 4, 8 and 16: where the eager route (a flush at every step) stops paying
     for b in (4, 8, 16):
         out += [g(7, "vllm-eager", b, "float32", "none", ["vllm"]),

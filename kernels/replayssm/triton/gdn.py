@@ -1567,7 +1567,9 @@ def plan_eager(state, q, k, v, g, beta, state_indices, scale, o, config=None):
     grid = (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch)
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), state,
             *_strides(q, k, v, g, beta, o, dims=2), scale]
-    return _gdn_eager_kernel, grid, args, _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv)
+    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv)
+    _launch_options(meta, cfg)
+    return _gdn_eager_kernel, grid, args, meta
 
 
 def replay_meta(cfg: dict, L: int, dv: int, group: int, K: int | None = None) -> dict:
