@@ -73,12 +73,16 @@ _BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF":
 PDL = True
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 CONFIGS: dict[str, list[tuple]] = {
-    # fp32 eager, batch > 64: 16 rows x 1 warp (Qwen3.5-122B b256: 539 us vs 549 for 32 x 4 warps,
-    # vLLM's kernel 532, same run)
-    "eager":    [(4, 4, 1), (64, 8, 2), (None, 16, 1)],
-    # bf16 eager, batch > 64: 8 rows x 1 warp (Qwen3.5-122B b256: 274 us, 93 % of copy, vs 333 for
-    # 64 x 4 warps and 289 for 16 x 1)
-    "eager:2":  [(4, 4, 1), (64, 8, 2), (None, 8, 1)],
+    # fp32 eager: 4 rows x 1 warp at every batch. Session 17 (tune_gdn_s17a-c.txt), us, Qwen3.5-122B /
+    # Qwen3.5-4B, against the rows it replaces (8 x 2 warps at batch 5-64, 16 x 1 above): b8 18.1 /
+    # 10.1 vs 19.1 / 10.7, b32 65.7 / 34.0 vs 67.2 / 35.0, b128 259.3 / 130.3 vs 264.3 / 133.2
+    # (16 x 1), b256 519.5 / 259.6 (twice; once 532.6 / 261.0 against 16 x 1's 532.7 / 266.0);
+    # 98 % of copy from batch 64. A register budget (56, 48) only slows it.
+    "eager":    [(None, 4, 1)],
+    # bf16 eager: 4 rows x 1 warp up to batch 2, 8 x 1 above (Qwen3.5-122B / Qwen3.5-4B b1 3.2 / 2.5
+    # us vs 3.5 / 3.2 at 8 x 1; b32 35.1 / 18.9 vs 43.5 / 23.3 for the 8 x 2 warps this table had at
+    # batch 5-64, a 19 % slower baseline there; b256 272 us, 94 % of copy, vs 333 for 64 x 4 warps)
+    "eager:2":  [(2, 4, 1), (None, 8, 1)],
     # fp32 replay, batch <= 16: the eager route (a flush at every step, eager's traffic; see
     # _gdn_replay_eager_kernel). Qwen3.5-122B b1 / b4 / b8: 4.3 / 10.5 / 18.5 us vs 5.9 / 13.0 /
     # 21.6 buffered (eager 4.0 / 10.1 / 18.1); at b16 buffered ran 0.83x (Qwen3.5-4B) and 0.96x
@@ -87,16 +91,26 @@ CONFIGS: dict[str, list[tuple]] = {
     # buffer reads. Qwen3.5-4B / Qwen3.5-122B b32 31.8 / 61.4 us, b64 62.0 / 107.7, against
     # 36.3 / 64.3 and 65.3 / 116.1 for 2 chunks with them (eager b32 34.9 / 67.3;
     # tune_gdn_s16_b32_b64.txt)
-    "replay":   [(16, 4, 1, {"EAGER_ROUTE": True}),
+    # The route under a 56-register budget (ptxas: 64 without, no spills with): Qwen3.5-122B /
+    # Qwen3.5-4B b1 3.9 / 3.1 us vs 4.1 / 3.1, b8 18.2 / 10.2 vs 18.6 / 10.6 (tune_gdn_s17b.txt)
+    "replay":   [(16, 4, 1, {"EAGER_ROUTE": True, "maxnreg": 56}),
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
                  (64, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True}),
                  (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
-    # 16-bit read copies (bf16 state; dual fp32 + bf16 up to DUAL_ROUTE_BATCH), batch <= 16: the
-    # eager route too. bf16 state, routed / buffered x our bf16 eager: Qwen3.5-122B b1 0.99 / 0.51,
-    # b16 1.04 / (b32 buffered 0.77) (h200-small-batch-bf16-20261130, h200-kernels-20261130-s6)
-    "replay:2": [(16, 4, 1, {"EAGER_ROUTE": True}),
+    # 16-bit read copies (bf16 state; dual fp32 + bf16 up to DUAL_ROUTE_BATCH): the eager route,
+    # 4 rows x 1 warp up to batch 4 (dual: Qwen3.5-122B / Qwen3.5-4B b1 4.5 / 3.3 us vs 4.8 / 3.5 at
+    # 8 x 1), 8 x 1 up to batch 32 (bf16 b8 11.5 / 6.7 vs 11.9 / 7.0; tune_gdn_s17b.txt). bf16
+    # state at batch 16 / 32 (tune_gdn_s17a.txt, _s17c.txt), routed vs the best buffered row:
+    # Qwen3.5-122B 20.1 / 37.9 us vs 23.1 / 40.9, Qwen3.5-4B 11.4 / 20.2 vs 16.9 / 23.1 (our bf16
+    # eager 18.8 / 35.1 and 10.6 / 18.9: the route's rare path holds 127 registers to eager's 64).
+    # Buffered, batch 5-8: the session-6 row; 9-64: 4 chunks per program without the early buffer
+    # reads, dual bf16 b16 / b32 Qwen3.5-122B 27.3 / 52.2 us vs 32.8 / 57.1, Qwen3.5-4B 21.9 / 27.0
+    # vs 22.5 / 33.1 (at b8 it lost: Qwen3.5-4B 16.2 vs 14.7, tune_gdn_s16_small16.txt)
+    "replay:2": [(4, 4, 1, {"EAGER_ROUTE": True}),
+                 (32, 8, 1, {"EAGER_ROUTE": True}),
                  (4, 8, 1, {"PREFETCH": True}),
-                 (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
+                 (8, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
+                 (64, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True}),
                  (None, 128, 4, _BIG_READ)],
     "replay:1": [(4, 8, 1, {"PREFETCH": True}),
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
@@ -197,7 +211,8 @@ DUAL_ROUTE_BATCH = 4
 
 def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dict | None = None,
                 state_bytes: int = 4, dual: bool = False) -> dict:
-    """Launch config {BLOCK_V, BLOCK_K, BLOCK_L, num_warps, ...} for `op` at this shape.
+    """Launch config {BLOCK_V, BLOCK_K, BLOCK_L, num_warps, ...} for `op` at this shape; an
+    `override` that sets the tile (BLOCK_V or num_warps) without a maxnreg drops the row's.
     `state_bytes`: bytes per element of the state copy the op streams (table key "op:bytes"
     when present, else "op"); `dual`: a dual-mode state (see DUAL_ROUTE_BATCH)."""
     rows = CONFIGS.get(f"{op}:{state_bytes}", CONFIGS[op])
@@ -211,6 +226,8 @@ def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dic
     if len(row) > 3:
         cfg.update(row[3])
     if override:
+        if ("BLOCK_V" in override or "num_warps" in override) and "maxnreg" not in override:
+            cfg.pop("maxnreg", None)    # a row's register budget belongs to its tile
         cfg.update(override)
     cfg["BLOCK_V"] = min(cfg["BLOCK_V"], triton.next_power_of_2(dv))
     cfg["BLOCK_K"] = triton.next_power_of_2(dk)

@@ -69,7 +69,9 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     # kernel    bytes  bucket      BLOCK_P CHUNKS warps
     ("eager",  4, "small"): (32, 1, 8),        # batch 1, Super: 4.44 us vs 4.99 (16 rows / 4 warps), vLLM 4.58
     ("eager",  4, "large"): (32, 1, 8),        # 97 % of copy at batch 256 (16 rows / 4 warps: 93 %)
-    ("eager",  2, "small"): (16, 1, 4),
+    # 8 rows x 1 warp (session 17, tune_mamba2_s17a/b.txt; vs 16 x 4): Nano b1 / b8 / b16 3.46 /
+    # 10.37 / 18.19 us vs 3.53 / 10.85 / 19.21, Super 3.51 / 10.93 / 19.35 vs 3.58 / 11.39 / 19.34
+    ("eager",  2, "small"): (8, 1, 1),
     ("eager",  2, "large"): [(64, 1, 8, 64),   # whole 64-row heads: 94 % (Super)
                              (16, 0, 4)],      # else 16-row chunks of the whole head: 92 % (Nano)
     ("fold",   4, "small"): (16, 1, 4),

@@ -356,10 +356,34 @@ def test_eager_route_plan(monkeypatch):
     assert TK.takes_eager_route(4, 128, 128, 16, 2, dual=True)     # ... and 4 (DUAL_ROUTE_BATCH, session 9)
     assert not TK.takes_eager_route(TK.DUAL_ROUTE_BATCH + 1, 128, 128, 16, 2, dual=True)
     assert not TK.takes_eager_route(1, 128, 128, 16, 1)            # 8-bit read copies: buffered
+    assert TK.takes_eager_route(32, 128, 128, 16, 2)               # bf16 state up to batch 32 (session 17)
+    assert not TK.takes_eager_route(33, 128, 128, 16, 2)
+    assert not TK.takes_eager_route(8, 128, 128, 16, 2, dual=True)  # dual from 5 on: buffered
+    # the route's tiles: fp32 4 rows x 1 warp under a 56-register budget; 16-bit 4 rows up to batch 4, then 8
+    assert {k: TK.pick_config("replay", 8, 128, 128, 16)[k] for k in ("BLOCK_V", "num_warps", "maxnreg")} == \
+        {"BLOCK_V": 4, "num_warps": 1, "maxnreg": 56}
+    assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2)["BLOCK_V"] for b in (1, 4, 5, 32)] == [4, 4, 8, 8]
+    # dual 16-bit reads, buffered: the session-6 row up to batch 8, 4 chunks per program above
+    assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2, dual=True)["NR"] for b in (8, 9, 64)] == [2, 4, 4]
     monkeypatch.setattr(TK, "SMALL_BATCH_ROUTE", False)
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"])
     assert TK.pick_config("replay", 3, 40, 24, 6) == TK.pick_config("replay", 3, 40, 24, 6, {"PREFETCH": True})
     assert TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": True})   # a per-call config still wins
+
+
+@pytest.mark.shipped_routes
+def test_eager_table():
+    """Our eager kernel's tiles (session 17's tuning): fp32 4 rows x 1 warp at every batch; 16-bit
+    states 4 rows x 1 warp up to batch 2, 8 x 1 above; no register budget."""
+    from replayssm.triton import gdn as TK
+    for b in (1, 8, 64, 256, 512):
+        cfg = TK.pick_config("eager", b, 128, 128)
+        assert (cfg["BLOCK_V"], cfg["num_warps"], cfg.get("maxnreg")) == (4, 1, None)
+    assert [TK.pick_config("eager", b, 128, 128, state_bytes=2)["BLOCK_V"] for b in (1, 2, 3, 32, 256)] == [4, 4, 8, 8, 8]
+    st = torch.empty(4, 8, 16, 32, device="meta")
+    x = {k: v.to("meta") for k, v in step_inputs(I.GDNShape(4, 8, 32, 16), 2, torch.bfloat16, gen(0)).items()}
+    meta = TK.plan_eager(st, **x, state_indices=None, scale=0.3, o=x["v"], config={"maxnreg": 40})[3]
+    assert meta["maxnreg"] == 40                                   # a per-call budget reaches the launch
 
 
 @pytest.mark.shipped_routes
