@@ -341,9 +341,7 @@ def _route_list(mode: str, batch: int) -> list[dict]:
     8-chunk programs on 2 warps)."""
     cands = [_table(mode, batch), ROUTE(4, 1), ROUTE(8, 1)]
     if mode != "f32" and batch >= 16:
-        cands += [dict(c, EAGER_ROUTE=False) for c in (   # (a per-call config without it keeps the row's route)
-            _table(mode, 32), _table(mode, 32, NR=4, PF_DIST=1, PREFETCH=False),
-            _table(mode, 32, BLOCK_V=16, num_warps=2, NR=8, PREFETCH=False))]
+        cands += [rcfg(32, 4, 2, 2, 2, 2, True, True), rcfg(32, 4, 4, 2, 2, 1, True), rcfg(16, 2, 8, 2, 2, 2, True)]
     return list({vname(c): c for c in cands}.values())
 
 
