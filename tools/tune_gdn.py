@@ -376,11 +376,6 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
             for m in ("f32", "bf16", "dual-bf16") for b in (1, 8, 32)},
          **{f"eager-{m}-b{b}": (f"eager-{m}", [EAGER(4, 1), EAGER(8, 1), EAGER(16, 1)], b, ("q122b", "q4b"))
             for m in ("f32", "bf16") for b in (1, 2, 4, 128, 256)},
-         # the eager route in one path (the pending entries' fold ahead of the step, the inputs
-         # loaded after it: 80 registers at 8 rows x 1 warp, bf16, vs 127) against eager, same run
-         **{f"route1p-{m}-b{b}": (m, [_table(m, b), ROUTE(4, 1), ROUTE(8, 1), dict(ROUTE(4, 1), maxnreg=56)],
-                                  b, ("q122b", "q4b"))
-            for m in ("f32", "bf16", "dual-bf16") for b in (1, 4, 8, 16, 32)},
          # the eager kernel under the budgets that helped the route (fairness: the same treatment)
          **{f"eager-regs-{m}-b{b}": (f"eager-{m}", [EAGER(4, 1), dict(EAGER(4, 1), maxnreg=56), dict(EAGER(4, 1), maxnreg=48),
                                                     EAGER(8, 1), dict(EAGER(8, 1), maxnreg=56)], b, ("q122b", "q4b"))
