@@ -127,7 +127,7 @@ REPLAY_LOW = ["default", "v0", "f16w1", "f16w1-np", "f16w1-np-nt", "f32w2-nt", "
               "f64w2-np-nt"]
 REPLAY_SMALL = ["default", "v0", "f16w4", "f16w2", "f16w2-np", "f16w1-np", "f64w4-nt", "f16w1-np-nt"]
 EAGER_F32 = ["default", "e16x1w4", "e32x1w8", "e64x1w8", "e32x1w4"]
-EAGER_BF16 = ["default", "e16x0w4", "e64x1w8", "e32x1w2", "e64x1w4", "e32x1w8"]
+EAGER_BF16 = ["default", "e16x0w4", "e64x1w8", "e32x1w2", "e64x1w4", "e32x1w8", "e8x1w1", "e16x1w1"]
 # bf16 eager at batch 256-512 for Super / Ultra (0.94-0.95x vLLM): more rows per program, evict-first
 EAGER_BF16_LARGE = ["e128x1w8", "e64x1w8-ev", "e32x1w4", "e64x0w8", "e128x1w4"]
 
@@ -170,6 +170,10 @@ def groups_for(model: str, nano: bool) -> list[dict]:
                 g(7, "eager", b, "float32", "none", ["default"] + EAGER_MID),
                 g(7, "replay", b, "float32", "none", ["default", "f16w2", "eager-f8w1", "eager-f32w8", "eager-f16w2"]),
                 g(7, "replay-dual", b, "float32", "bfloat16", ["default", "f16w4"])]
+    # batch 2, fp32: the eager route (32 rows x 8 warps) ran 0.94x our eager at Nano dims (head dim
+    # 80: a third 32-row chunk half masked) in h200-small-batch-20261201-s17; smaller route tiles
+    out += [g(8, "replay", 2, "float32", "none", ["default", "eager-f16w4", "eager-f16w2", "eager-f8w1", "eager-f16w1",
+                                                  "eager-f32w4"])]
     # our eager between batch 2 and 32 (session 17: GDN's table had a 19 % slower tile there for
     # bf16 states, 3-5 % for fp32); the table's rows against smaller and larger programs
     for b in (2, 8, 16):
