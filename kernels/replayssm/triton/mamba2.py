@@ -72,8 +72,11 @@ CONFIG_TABLE: dict[tuple[str, int, str], tuple | list] = {
     # 8 rows x 1 warp (session 17, tune_mamba2_s17a/b.txt; vs 16 x 4): Nano b1 / b8 / b16 3.46 /
     # 10.37 / 18.19 us vs 3.53 / 10.85 / 19.21, Super 3.51 / 10.93 / 19.35 vs 3.58 / 11.39 / 19.34
     ("eager",  2, "small"): (8, 1, 1),
-    ("eager",  2, "large"): [(64, 1, 8, 64),   # whole 64-row heads: 94 % (Super)
-                             (16, 0, 4)],      # else 16-row chunks of the whole head: 92 % (Nano)
+    # 16 rows x 1 warp (session 17, tune_mamba2_s17c.txt; vs the rows it replaced, whole 64-row heads
+    # on 8 warps where P % 64 == 0, else 16-row chunks of the whole head on 4 warps): b256 / b512
+    # Nano 254.6 / 504.8 us (95 % of copy) vs 262.7 / 519.9, Super 271.4 / 538.9 vs 272.4 / 541.0;
+    # b32 (tune_mamba2_s17a.txt, 8 x 1 there) Nano 35.0 vs 37.4, Super 37.1-37.3 vs 37.2
+    ("eager",  2, "large"): (16, 1, 1),
     ("fold",   4, "small"): (16, 1, 4),
     # whole-head programs: a commit's mostly idle grid is 1/4 the size. 2 warps: T4 verify + commit
     # round b256 Super 472 us vs 488 (4 warps), Nano 577 vs 588; b32 Super 75.4 vs 74.4
@@ -165,7 +168,10 @@ _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
     # latency (Super b1 4.49 us vs eager 4.43; the buffered kernels 5.6-7.8, tune_mamba2_small_lean.txt)
-    (4, "route"): [dict(route="eager", block_p=32, warps=8)],
+    # Head dims not a multiple of 32 (Nano's 80: a third 32-row chunk half masked): 8 rows x 1
+    # warp. Nano b2 6.03 us vs 6.57 (our eager 6.07-6.15; Super keeps 32 x 8: 6.20 vs 6.38 at
+    # 8 x 1, tune_mamba2_s17c.txt); b1 4.47 vs 4.46 (tune_mamba2 session 7)
+    (4, "route"): [dict(route="eager", block_p=32, warps=8, p_mod=32), dict(route="eager", block_p=8, warps=1)],
     # 16-bit read copies (bf16 state; dual only up to DUAL_ROUTE_BATCH): 8 rows x 1 warp. bf16
     # state, routed / buffered x our bf16 eager: Super b1 1.05 / 0.74
     # (h200-small-batch-bf16-20261130, h200-kernels-20261130-s6)

@@ -377,6 +377,21 @@ def test_eager_route_mixes_with_the_buffered_route(device, mode, sd, lo, act, mo
 
 
 @pytest.mark.shipped_routes
+def test_launch_tables_at_the_real_head_dims():
+    """Session 17's rows: the fp32 eager route 32 rows x 8 warps where the head dim is a multiple
+    of 32 (Super's 64), else 8 x 1 (Nano's 80); bf16 eager 8 rows x 1 warp in the small bucket,
+    16 x 1 in the large one (whole-head tiles before)."""
+    from replayssm.triton import mamba2 as tk
+    route = lambda P: tk.replay_variant(P, 4, 2, 128)                                # noqa: E731
+    assert (route(64)["block_p"], route(64)["warps"], route(64)["route"]) == (32, 8, "eager")
+    assert (route(80)["block_p"], route(80)["warps"], route(80)["route"]) == (8, 1, "eager")
+    assert tk.launch_config("eager", 80, 2, 8, 64) == (8, 1, 1)
+    for P in (64, 80):
+        assert tk.launch_config("eager", P, 2, 256, 128) == (16, 1, 1)
+    assert tk.launch_config("eager", 64, 4, 256, 128) == (32, 1, 8)              # fp32 unchanged
+
+
+@pytest.mark.shipped_routes
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
