@@ -101,8 +101,9 @@ CONFIGS: dict[str, list[tuple]] = {
     # 4 rows x 1 warp up to batch 4 (dual: Qwen3.5-122B / Qwen3.5-4B b1 4.5 / 3.3 us vs 4.8 / 3.5 at
     # 8 x 1), 8 x 1 up to batch 32 (bf16 b8 11.5 / 6.7 vs 11.9 / 7.0; tune_gdn_s17b.txt). bf16
     # state at batch 16 / 32 (tune_gdn_s17a.txt, _s17c.txt), routed vs the best buffered row:
-    # Qwen3.5-122B 20.1 / 37.9 us vs 23.1 / 40.9, Qwen3.5-4B 11.4 / 20.2 vs 16.9 / 23.1 (our bf16
-    # eager 18.8 / 35.1 and 10.6 / 18.9: the route's rare path holds 127 registers to eager's 64).
+    # Qwen3.5-122B 20.1 / 37.8 us vs 23.1 / 40.9, Qwen3.5-4B 11.4 / 20.1 vs 16.9 / 23.1 (our bf16
+    # eager 18.8 / 35.1 and 10.6 / 18.9; the route holds 127 registers to eager's 64, and a form
+    # with 80 ran slower: docs/kernels.md, session 17).
     # Buffered, batch 5-8: the session-6 row; 9-64: 4 chunks per program without the early buffer
     # reads, dual bf16 b16 / b32 Qwen3.5-122B 27.3 / 52.2 us vs 32.8 / 57.1, Qwen3.5-4B 21.9 / 27.0
     # vs 22.5 / 33.1 (at b8 it lost: Qwen3.5-4B 16.2 vs 14.7, tune_gdn_s16_small16.txt)
