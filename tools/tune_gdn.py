@@ -212,12 +212,11 @@ def rcfg(br, nw, nr=1, hp=1, pf=0, dist=1, split=False, prefetch=False, **extra)
 def vname(c) -> str:
     if c.get("OLD"):
         return f"old BV{c['BLOCK_V']} w{c['num_warps']}"
+    opts = "".join(f" {k}{c[k]}" for k in ("maxnreg", "num_stages") if c.get(k))
     if c.get("EAGER_ROUTE"):
-        return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}" + "".join(
-            f" {k}{c[k]}" for k in ("maxnreg", "num_stages") if c.get(k))
+        return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}{opts}"
     if "NR" not in c:
-        return f"eager BV{c['BLOCK_V']} w{c['num_warps']}" + "".join(
-            f" {k}{c[k]}" for k in ("maxnreg", "num_stages") if c.get(k))
+        return f"eager BV{c['BLOCK_V']} w{c['num_warps']}{opts}"
     s = f"{'split' if c.get('SPLIT') else 'fused'} R{c['BLOCK_V']}x{c['NR']} H{c['HP']} w{c['num_warps']}"
     s += f" pf{c['PF']}/{c['PF_DIST']}" if c["PF"] else " pf0"
     if c.get("PREFETCH"):
@@ -230,6 +229,7 @@ def vname(c) -> str:
     return s
 
 
+EAGER_SD = {"eager-f32": "float32", "eager-bf16": "bfloat16"}   # eager mode name: state dtype
 OLD = lambda bv, nw: dict(OLD=True, BLOCK_V=bv, num_warps=nw)  # noqa: E731
 EAGER = lambda bv, nw: dict(BLOCK_V=bv, num_warps=nw)  # noqa: E731
 ROUTE = lambda bv, nw: dict(BLOCK_V=bv, num_warps=nw, EAGER_ROUTE=True)  # noqa: E731  (replay's eager route)
@@ -802,7 +802,7 @@ def main():
                 m, cfgs, b, models = EXTRA[mode]
                 for mo in models:
                     if m.startswith("eager-"):
-                        sd = {"eager-f32": "float32", "eager-bf16": "bfloat16"}[m]
+                        sd = EAGER_SD[m]
                         run_eager(mo, sd, b, cfgs)
                         if b >= 256:        # vLLM's kernel beside ours where the two are compared
                             run_vllm(mo, sd, b)
@@ -816,7 +816,7 @@ def main():
                     run_vllm(model, "float32", b)
                     run_replay(model, "f32", b, SMALL[b]["f32"])
             elif mode.startswith("eager-"):
-                run_eager("q122b", {"eager-f32": "float32", "eager-bf16": "bfloat16"}[mode], 256, BIG[mode])
+                run_eager("q122b", EAGER_SD[mode], 256, BIG[mode])
             else:
                 run_replay("q122b", mode, 256, BIG[mode])
         summary()

@@ -20,7 +20,7 @@ def test_every_focused_list_builds_and_names_its_variants():
     assert t.EXTRA and t.SMALL
     for name, (mode, cfgs, batch, models) in t.EXTRA.items():
         assert cfgs and batch >= 1 and set(models) <= set(t.MODELS), name
-        assert mode in t.MODE or mode in ("eager-f32", "eager-bf16"), name
+        assert mode in t.MODE or mode in t.EAGER_SD, name
         names = [t.vname(c) for c in cfgs]
         assert all(names), name
     for b, modes in t.SMALL.items():
