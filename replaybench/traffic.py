@@ -14,6 +14,9 @@ Per sequence, with S = state bytes of the copy read, r = bytes of one buffer row
     replay, n = K-1  read S_hi + n r + in    write S_hi (+ S_lo) + out   (flush step)
     average          read ((K-1) S_read + S_hi)/K + r (K-1)/2 + in
                      write r (K-1)/K + (S_hi + S_lo)/K + out
+    replay, routed   read S_hi + in          write S_hi + out            (small-batch eager route:
+                     a flush at every step; a dual state's low copy is left stale, refreshed by
+                     the first buffered step after, a one-off not in this average)
 
 Speculative (per round: verify T tokens, commit m ~ the acceptance model; see spec_traffic):
 
@@ -120,11 +123,12 @@ def eager_traffic(lb: LayerBytes, batch: int) -> Traffic:
                           "buffer_write": 0.0, "io": batch * (lb.io_in + lb.io_out)})
 
 
-def replay_traffic(lb: LayerBytes, batch: int, flush_period: int) -> Traffic:
-    """Average over a flush period K (see the module docstring)."""
-    K = flush_period
+def replay_traffic(lb: LayerBytes, batch: int, flush_period: int, routed: bool = False) -> Traffic:
+    """Average over a flush period K (see the module docstring); routed: the small-batch eager
+    route (K = 1, the high copy alone written)."""
+    K = 1 if routed else flush_period
     state_read = ((K - 1) * lb.state_read + lb.state_hi) / K
-    state_write = (lb.state_hi + lb.state_lo) / K
+    state_write = lb.state_hi if routed else (lb.state_hi + lb.state_lo) / K
     buf_read, buf_write = lb.row * (K - 1) / 2, lb.row * (K - 1) / K
     # output-only steps touch each state element ~replay_flops times; the flush step folds
     # (eager-like work) once per period
@@ -224,12 +228,14 @@ def _eager_route(case, model) -> bool:
     if getattr(case, "backend", "") != "triton":
         return False
     read = DTYPE_BYTES[case.state_dtype if case.method == "replay" else case.lo_dtype]  # dual: the low copy
+    dual = case.method == "replay-dual"
     if model.op == "gdn":
         from replayssm.triton.gdn import takes_eager_route   # the kernel library's table (needs triton)
         return takes_eager_route(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read,
-                                 dual=case.method == "replay-dual")
+                                 dual=dual, heads=model.ssm.num_v_heads)
     from replayssm.triton.mamba2 import takes_eager_route
-    return takes_eager_route(model.ssm.head_dim, read, case.batch, model.ssm.nheads, case.method == "replay-dual")
+    return takes_eager_route(model.ssm.head_dim, read, case.batch, model.ssm.nheads, dual,
+                             DTYPE_BYTES[case.state_dtype])
 
 
 def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
@@ -241,7 +247,7 @@ def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
     if case.method in EAGER_METHODS:
         return eager_traffic(lb, case.batch)
     if case.method in REPLAY_METHODS:
-        return replay_traffic(lb, case.batch, 1 if _eager_route(case, model) else case.flush_period)
+        return replay_traffic(lb, case.batch, case.flush_period, _eager_route(case, model))
     if case.method in SPEC_METHODS:
         if accepted is None:   # the case's acceptance model (replaybench.accept)
             from .accept import DEFAULT, accept_pmf

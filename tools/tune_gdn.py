@@ -312,7 +312,7 @@ FLUSH_SMALL = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4,
 FLUSH_B32 = [rcfg(**_SMALL_OUT, F_FOLD_MMA=False, F_BLOCK_V=32, F_num_warps=4, F_NR=1),
              rcfg(**_SMALL_OUT, **_W16, F_NR=1), rcfg(**_SMALL_OUT, **_W16, F_NR=2), rcfg(**_SMALL_OUT, **_W16, F_NR=8)]
 # Dual states at batch 2 / 4 / 8 (TUNE_MODES route-dual-b2, -b4, -b8): the eager route (a flush
-# at every step, both copies written: no byte saving; DUAL_ROUTE_BATCH) against the buffered table
+# at every step, both copies written until session 18: no byte saving) against the buffered table
 # rows (fused 8 x 1 warp at batch <= 4, split 32 x 4 warps above); h200-small-batch-20261130-s8c had
 # the buffered dual at 0.63-0.73x our fp32 eager at b2-b4
 DUAL_SMALL = [rcfg(8, 1, prefetch=True), rcfg(32, 4, 2, 2, 2, 2, True, True, F_NR=1, F_BLOCK_V=16, F_num_warps=2),
@@ -328,10 +328,12 @@ DUAL_2PASS = [rcfg(**_OUT_BIG, **f) for f in (
 
 
 def _table(mode: str, batch: int, **kw) -> dict:
-    """The launch table's replay row for a MODE at this batch (dk = dv = 128), with kw over it."""
+    """The launch table's replay row for a MODE at this batch (dk = dv = 128; dual states: at
+    Qwen3.5-122B's 64 value heads, DUAL_ROUTE_HEADS), with kw over it."""
     m, sd, lo, _ = MODE[mode]
     rb = getattr(torch, lo or sd).itemsize
-    return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual"), **kw}
+    return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual",
+                             heads=MODELS["q122b"][1]), **kw}
 
 
 def _route_list(mode: str, batch: int) -> list[dict]:

@@ -64,8 +64,7 @@ def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=
     if backend == "reference":
         return into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))
     if rs.counter is not None:   # the eager route flushes at every step
-        period = 1 if _kernels().state_takes_eager_route(rs, k, v, config) else rs.flush_period
-        _count_replay(rs, q, k, v, g, beta, state_indices, period)
+        _count_replay(rs, q, k, v, g, beta, state_indices, _kernels().state_takes_eager_route(rs, k, v, config))
     return _kernels().replay_step(rs, q, k, v, g, beta, state_indices, scale, out, config)
 
 
@@ -76,7 +75,7 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backend: str
         return ref.gdn_flush(rs, slots)
     if rs.counter is not None:
         s = ref._flush_slots(rs, slots)
-        n = rs.cursor[s].long()
+        n = rs.entries(s)
         rs.count(ckpt_read=len(s) * rs.hi.bytes_per_slot(), buf_read=int(n.sum()) * rs.buffer_row_bytes(),
                  ckpt_write=len(s) * rs.state_bytes_per_slot())
     if slots is not None:
@@ -93,7 +92,8 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
         return into(out, ref.gdn_verify(rs, q, k, v, g, beta, state_indices, scale))
     if rs.counter is not None:
         rows, slots = _live(state_indices, v.shape[0], v.device)
-        n = rs.cursor[slots].long()
+        n = rs.entries(slots)
+        ref.count_refresh(rs, int(rs.lo_stale(slots).sum()))
         rb = rs.buffer_row_bytes()
         rs.count(ckpt_read=len(rows) * rs.read_ckpt.bytes_per_slot(), buf_read=int(n.sum()) * rb,
                  buf_write=len(rows) * v.shape[1] * rb, io_read=len(rows) * ref._gdn_io_bytes(q, k, v, g, beta),
@@ -110,7 +110,7 @@ def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, ba
         return ref.gdn_commit(rs, accepted, state_indices)
     if rs.counter is not None:
         rows, slots = _live(state_indices, accepted.shape[0], accepted.device)
-        n = rs.cursor[slots].long() + accepted[rows].long()
+        n = rs.entries(slots) + accepted[rows].long()
         due = n >= rs.flush_period
         rs.count(ckpt_read=int(due.sum()) * rs.hi.bytes_per_slot(),
                  buf_read=int(n[due].sum()) * rs.buffer_row_bytes(),
@@ -118,19 +118,12 @@ def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, ba
     _kernels().commit(rs, accepted, state_indices, config)
 
 
-def _count_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, period: int) -> None:
-    """Same byte accounting as reference.gdn_replay_step with flush period `period` (host sync:
-    not for graph capture)."""
+def _count_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, route: bool) -> None:
+    """Same byte accounting as reference.gdn_replay_step (route: the small-batch route's; host
+    sync: not for graph capture)."""
     rows, slots = _live(state_indices, v.shape[0], v.device)
     if len(rows) == 0:
         return
-    n = rs.cursor[slots].long()
-    f = n + 1 >= period
-    nf, nflush = int((~f).sum()), int(f.sum())
-    rb = rs.buffer_row_bytes()
-    rs.count(ckpt_read=nf * rs.read_ckpt.bytes_per_slot() + nflush * rs.hi.bytes_per_slot(),
-             buf_read=int(n.sum()) * rb, buf_write=nf * rb,
-             io_read=len(rows) * ref._gdn_io_bytes(q, k, v, g, beta),
-             io_write=len(rows) * v[0].numel() * v.element_size(),
-             ckpt_write=nflush * rs.state_bytes_per_slot())
-    rs.counter.steps += 1
+    n = rs.entries(slots)
+    ref.count_step(rs, n, ref._flush_rows(rs, slots, n, route), route, ref._gdn_io_bytes(q, k, v, g, beta),
+                   v[0].numel() * v.element_size())

@@ -48,21 +48,15 @@ def _count_eager(counter: ByteCounter, state, x, dt, B, C, z, state_indices) -> 
     counter.steps += 1
 
 
-def _count_replay(rs: Mamba2ReplayState, x, dt, B, C, z, state_indices, period: int) -> None:
-    """Same accounting as reference.mamba2_replay_step with flush period `period`; call before
-    the kernel (reads cursors)."""
+def _count_replay(rs: Mamba2ReplayState, x, dt, B, C, z, state_indices, route: bool) -> None:
+    """Same accounting as reference.mamba2_replay_step (route: the small-batch route's); call
+    before the kernel (reads cursors)."""
     rows, slots = _live_slots(state_indices, x.shape[0], x.device)
     if len(rows) == 0:
         return
-    n = rs.cursor[slots].long()
-    nf = int((n + 1 >= period).sum())
-    nn = len(rows) - nf
-    rb = rs.buffer_row_bytes()
-    rs.count(ckpt_read=nn * rs.read_ckpt.bytes_per_slot() + nf * rs.hi.bytes_per_slot(),
-             buf_read=int(n.sum()) * rb, buf_write=nn * rb,
-             io_read=len(rows) * ref._mamba2_io_bytes(x, dt, B, C, z),
-             io_write=len(rows) * x[0].numel() * x.element_size())
-    ref._count_flush_write(rs, nf)
+    n = rs.entries(slots)
+    ref.count_step(rs, n, ref._flush_rows(rs, slots, n, route), route, ref._mamba2_io_bytes(x, dt, B, C, z),
+                   x[0].numel() * x.element_size())
 
 
 def _count_fold(rs: Mamba2ReplayState, n: torch.Tensor) -> None:
@@ -102,9 +96,7 @@ def replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state
             raise ValueError("advance_cursor=False needs backend='triton'")
         return into(out, ref.mamba2_replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices))
     if rs.counter is not None:   # the eager route flushes at every step
-        eager = advance_cursor and _tk().takes_eager_route(x.shape[2], rs.read_ckpt.data.element_size(), x.shape[0],
-                                                           x.shape[1])
-        _count_replay(rs, x, dt, B, C, z, state_indices, 1 if eager else rs.flush_period)
+        _count_replay(rs, x, dt, B, C, z, state_indices, advance_cursor and _tk().state_takes_eager_route(rs, x))
     return _tk().replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, advance=advance_cursor, out=out)
 
 
@@ -124,8 +116,7 @@ def flush(rs: Mamba2ReplayState, A, slots: torch.Tensor | None = None, backend: 
     if rs.counter is not None:
         s = torch.arange(rs.cursor.shape[0], device=rs.cursor.device) if slots is None else slots.long()
         s = s[s >= 0]
-        n = rs.cursor[s].long()
-        _count_fold(rs, n[n > 0])
+        _count_fold(rs, rs.entries(s)[rs.cursor[s] != 0])     # entries pending, or a stale low copy
     _tk().flush(rs, A, slots)
 
 
@@ -141,8 +132,9 @@ def verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indi
     if rs.counter is not None:
         rows, slots = _live_slots(state_indices, x.shape[0], x.device)
         rb, T = rs.buffer_row_bytes(), x.shape[1]
+        ref.count_refresh(rs, int(rs.lo_stale(slots).sum()))
         rs.count(ckpt_read=len(rows) * rs.read_ckpt.bytes_per_slot(),
-                 buf_read=int(rs.cursor[slots].long().sum()) * rb, buf_write=len(rows) * T * rb,
+                 buf_read=int(rs.entries(slots).sum()) * rb, buf_write=len(rows) * T * rb,
                  io_read=len(rows) * ref._mamba2_io_bytes(x, dt, B, C, z),
                  io_write=len(rows) * x[0].numel() * x.element_size())
     return _tk().verify(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out=out)
@@ -157,7 +149,7 @@ def commit(rs: Mamba2ReplayState, A, accepted: torch.Tensor, state_indices=None,
         return ref.mamba2_commit(rs, A, accepted, state_indices)
     if rs.counter is not None:
         rows, slots = _live_slots(state_indices, accepted.shape[0], accepted.device)
-        n = rs.cursor[slots].long() + accepted[rows].long()
+        n = rs.entries(slots) + accepted[rows].long()
         due = n >= rs.flush_period
         _count_fold(rs, n[due])
     _tk().commit(rs, A, accepted, state_indices)

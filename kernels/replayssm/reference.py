@@ -23,14 +23,15 @@ at the sequence's cursor n; if n + 1 reaches the flush period K the step is a fl
 the state after all n + 1 entries is formed from the *high* checkpoint, written back
 (and the low copy refreshed in dual mode), the output comes from that state, and the
 cursor returns to 0. Otherwise the output comes from the read checkpoint (the low copy
-in dual mode) and the buffer, and the cursor advances.
+in dual mode) and the buffer, and the cursor advances. A dual state whose low copy is
+stale (state.LO_STALE, left by the small-batch route: `route=True`) flushes at its next step.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .state import ByteCounter, GDNReplayState, Mamba2ReplayState, compute_dtype
+from .state import CURSOR_MASK, LO_STALE, ByteCounter, GDNReplayState, Mamba2ReplayState, compute_dtype
 
 L2_EPS = 1e-6
 SOFTPLUS_THRESHOLD = 20.0
@@ -154,8 +155,10 @@ def _mamba2_row_bytes(rs: Mamba2ReplayState) -> int:
     return rs.buffer_row_bytes()
 
 
-def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None):
-    """One ReplaySSM decode step (output-only route; fused flush when the cursor reaches K).
+def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
+                       route: bool = False):
+    """One ReplaySSM decode step (output-only route; fused flush when the cursor reaches K or
+    the low copy is stale). route: the small-batch route's semantics (_flush_rows).
 
     Same tensor shapes as mamba2_eager_step. Appends (x, B, softplus(dt + dt_bias)) at each
     sequence's cursor. Returns y [b, H, P].
@@ -166,7 +169,7 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
     if len(rows) == 0:
         return out
     H = x.shape[1]
-    n = rs.cursor[slots].long()
+    n = rs.entries(slots)
     if int(n.max()) >= rs.capacity:
         raise RuntimeError("buffer overflow: cursor reached capacity without a flush")
     xs, Ch = x[rows].to(cd), _expand_groups(C[rows].to(cd), H, 1)
@@ -174,7 +177,7 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
     rs.x[slots, n], rs.B[slots, n], rs.dt[slots, n] = x[rows], B[rows], dtv.to(rs.dt.dtype)
     X, Bb, dtb = _mamba2_buffer(rs, slots, cd, H)
     Acd = A.to(cd)
-    flush = n + 1 >= rs.flush_period
+    flush = _flush_rows(rs, slots, n, route)
     y = torch.empty(len(rows), H, x.shape[2], dtype=cd, device=x.device)
     f, nf = torch.nonzero(flush).flatten(), torch.nonzero(~flush).flatten()
     if len(nf):
@@ -184,41 +187,80 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
     if len(f):
         S = _mamba2_fold(rs.hi.read(slots[f], cd), X[f], Bb[f], dtb[f], Acd, n[f])
         y[f] = torch.einsum("bhpn,bhn->bhp", S, Ch[f])
-        _write_flushed(rs, slots[f], S)
+        _write_flushed(rs, slots[f], S, route)
     y = y + D.to(cd)[:, None] * xs
     if z is not None:
         y = y * F.silu(z[rows].to(cd))
     out[rows] = y.to(x.dtype)
-    rb = rs.buffer_row_bytes()
-    rs.count(ckpt_read=len(nf) * rs.read_ckpt.bytes_per_slot() + len(f) * rs.hi.bytes_per_slot(),
-             buf_read=int(n.sum()) * rb, buf_write=len(nf) * rb,
-             io_read=len(rows) * _mamba2_io_bytes(x, dt, B, C, z), io_write=len(rows) * x[0].numel() * x.element_size())
-    _count_flush_write(rs, len(f))
+    count_step(rs, n, flush, route, _mamba2_io_bytes(x, dt, B, C, z), x[0].numel() * x.element_size())
     return out
 
 
-def _write_flushed(rs, slots, S) -> None:
-    """Write a folded state to the high checkpoint, refresh the low copy, reset cursors."""
+def count_step(rs, n, flush, route: bool, io_read: int, io_write: int) -> None:
+    """Bytes of one replay step over live rows with entries n [b] and flush decisions
+    flush [b] (_flush_rows); io_read / io_write: input / output bytes per row."""
+    nflush = int(flush.sum())
+    nn = len(n) - nflush
+    rb = rs.buffer_row_bytes()
+    rs.count(ckpt_read=nn * rs.read_ckpt.bytes_per_slot() + nflush * rs.hi.bytes_per_slot(),
+             buf_read=int(n.sum()) * rb, buf_write=nn * rb, io_read=len(n) * io_read, io_write=len(n) * io_write)
+    _count_flush_write(rs, nflush, route)
+
+
+def _flush_rows(rs, slots, n, route: bool) -> torch.Tensor:
+    """[b] bool: the step flushes the sequence. Its cursor reaches K, or a stale low copy
+    (LO_STALE) would be read: the step folds and refreshes it instead. route (the small-batch
+    route's semantics, which the Triton kernels take by batch size): every sequence flushes."""
+    if route:
+        return torch.ones_like(n, dtype=torch.bool)
+    return (n + 1 >= rs.flush_period) | rs.lo_stale(slots)
+
+
+def _write_flushed(rs, slots, S, route: bool = False) -> None:
+    """Write a folded state to the high checkpoint, refresh the low copy, reset cursors.
+    route (dual): the high copy only; the low copy is left stale (the cursor word LO_STALE)."""
     rs.hi.write(slots, S)
+    if route and rs.mode == "dual":
+        rs.cursor[slots] = LO_STALE
+        rs.routed = True
+        return
     if rs.lo is not None:
         rs.lo.write(slots, S)
     rs.cursor[slots] = 0
 
 
-def _count_flush_write(rs, nflush: int) -> None:
-    rs.count(ckpt_write=nflush * rs.state_bytes_per_slot())
+def _count_flush_write(rs, nflush: int, route: bool = False) -> None:
+    per = rs.hi.bytes_per_slot() if route and rs.mode == "dual" else rs.state_bytes_per_slot()
+    rs.count(ckpt_write=nflush * per)
     if rs.counter is not None:
         rs.counter.steps += 1
 
 
+def _refresh_stale(rs, slots, cd) -> None:
+    """Write the low copy of `slots` whose copy is stale (LO_STALE) from the high checkpoint,
+    before a verify reads it, and clear the bit."""
+    st = slots[rs.lo_stale(slots)]
+    if len(st):
+        rs.lo.write(st, rs.hi.read(st, cd))
+        rs.cursor[st] = rs.cursor[st] & CURSOR_MASK
+    count_refresh(rs, len(st))
+
+
+def count_refresh(rs, nstale: int) -> None:
+    """Bytes of refreshing `nstale` stale low copies (read high, write low)."""
+    if nstale:
+        rs.count(ckpt_read=nstale * rs.hi.bytes_per_slot(), ckpt_write=nstale * rs.lo.bytes_per_slot())
+
+
 def mamba2_flush(rs: Mamba2ReplayState, A, slots: torch.Tensor | None = None) -> None:
-    """Fold every committed entry of `slots` (default: all with cursor > 0) into the checkpoint."""
+    """Fold every committed entry of `slots` (default: all slots with entries, or with a
+    stale low copy, which is refreshed) into the checkpoint."""
     slots = _flush_slots(rs, slots)
     if len(slots) == 0:
         return
     cd = compute_dtype(rs.hi.data, rs.x)
     X, Bb, dtb = _mamba2_buffer(rs, slots, cd, rs.x.shape[2])
-    n = rs.cursor[slots].long()
+    n = rs.entries(slots)
     S = _mamba2_fold(rs.hi.read(slots, cd), X, Bb, dtb, A.to(cd), n - 1)
     rs.count(ckpt_read=len(slots) * rs.hi.bytes_per_slot(), buf_read=int(n.sum()) * rs.buffer_row_bytes(),
              ckpt_write=len(slots) * rs.state_bytes_per_slot())
@@ -226,10 +268,11 @@ def mamba2_flush(rs: Mamba2ReplayState, A, slots: torch.Tensor | None = None) ->
 
 
 def _flush_slots(rs, slots):
+    """The slots a flush folds: entries pending, or a stale low copy to refresh."""
     if slots is None:
         slots = torch.arange(rs.cursor.shape[0], device=rs.cursor.device)
     slots = slots.to(torch.long)
-    return slots[rs.cursor[slots] > 0]
+    return slots[rs.cursor[slots] != 0]
 
 
 def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None):
@@ -245,7 +288,8 @@ def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, sta
     if len(rows) == 0:
         return out
     T, H = x.shape[1], x.shape[2]
-    n = rs.cursor[slots].long()
+    _refresh_stale(rs, slots, cd)
+    n = rs.entries(slots)
     if int(n.max()) + T > rs.capacity:
         raise RuntimeError(f"draft window of {T} does not fit: cursor {int(n.max())}, capacity {rs.capacity}")
     pos = n[:, None] + torch.arange(T, device=x.device)     # [b, T]
@@ -271,7 +315,7 @@ def commit(rs, accepted: torch.Tensor, state_indices=None, flush=None) -> None:
     """Accept `accepted[b]` (0..T) drafts per row: a cursor move; then flush sequences whose
     cursor reached the flush period. `flush(rs, slots)` folds entries (family-specific)."""
     rows, slots = live_rows(state_indices, accepted.shape[0], accepted.device)
-    rs.cursor[slots] = rs.cursor[slots] + accepted[rows].to(torch.int32)
+    rs.cursor[slots] = (rs.entries(slots) + accepted[rows].long()).to(torch.int32)
     due = slots[rs.cursor[slots] >= rs.flush_period]
     if len(due):
         flush(rs, due)
@@ -390,8 +434,9 @@ def gdn_rederive_u(rs: GDNReplayState) -> None:
                         u_out=rs.u)
 
 
-def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None):
-    """One ReplaySSM GDN decode step (fused flush when the cursor reaches K).
+def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, route: bool = False):
+    """One ReplaySSM GDN decode step (fused flush when the cursor reaches K or the low copy is
+    stale). route: the small-batch route's semantics (_flush_rows).
 
     Shapes as gdn_eager_step. Computes S_{t-1} k_t and S_t q_t from checkpoint + buffer,
     u_t = beta (v - alpha S_{t-1} k_t), appends (u_t, k_t, g_t [, v_t, beta_t]). Returns o [b, Hv, dv].
@@ -403,7 +448,7 @@ def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, sc
         return out
     Hv, dk = v.shape[1], q.shape[2]
     scale = gdn_scale(dk) if scale is None else scale
-    n = rs.cursor[slots].long()
+    n = rs.entries(slots)
     if int(n.max()) >= rs.capacity:
         raise RuntimeError("buffer overflow: cursor reached capacity without a flush")
     qn, kn = _gdn_prep(q[rows], k[rows], cd, Hv, scale)
@@ -411,7 +456,7 @@ def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, sc
     rs.k[slots, n], rs.g[slots, n] = k[rows], g[rows].to(rs.g.dtype)
     if rs.v is not None:
         rs.v[slots, n], rs.beta[slots, n] = v[rows], beta[rows].to(rs.beta.dtype)
-    flush = n + 1 >= rs.flush_period
+    flush = _flush_rows(rs, slots, n, route)
     o = torch.empty(len(rows), Hv, v.shape[2], dtype=cd, device=v.device)
     f, nf = torch.nonzero(flush).flatten(), torch.nonzero(~flush).flatten()
     if len(nf):
@@ -431,23 +476,20 @@ def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, sc
             rs.u[slots[f], n[f]] = (bs[f, :, None] * (vs[f] - torch.exp(gs[f])[..., None] * sk)).to(rs.u.dtype)
         S = _gdn_fold(rs, slots[f], cd, n[f])
         o[f] = torch.einsum("bhvk,bhk->bhv", S, qn[f])
-        _write_flushed(rs, slots[f], S)
+        _write_flushed(rs, slots[f], S, route)
     out[rows] = o.to(v.dtype)
-    rb = rs.buffer_row_bytes()
-    rs.count(ckpt_read=len(nf) * rs.read_ckpt.bytes_per_slot() + len(f) * rs.hi.bytes_per_slot(),
-             buf_read=int(n.sum()) * rb, buf_write=len(nf) * rb,
-             io_read=len(rows) * _gdn_io_bytes(q, k, v, g, beta), io_write=len(rows) * v[0].numel() * v.element_size())
-    _count_flush_write(rs, len(f))
+    count_step(rs, n, flush, route, _gdn_io_bytes(q, k, v, g, beta), v[0].numel() * v.element_size())
     return out
 
 
 def gdn_flush(rs: GDNReplayState, slots: torch.Tensor | None = None) -> None:
-    """Fold every committed entry of `slots` (default: all with cursor > 0) into the checkpoint."""
+    """Fold every committed entry of `slots` (default: all slots with entries, or with a
+    stale low copy, which is refreshed) into the checkpoint."""
     slots = _flush_slots(rs, slots)
     if len(slots) == 0:
         return
     cd = compute_dtype(rs.hi.data, rs.u)
-    n = rs.cursor[slots].long()
+    n = rs.entries(slots)
     S = _gdn_fold(rs, slots, cd, n - 1)
     rs.count(ckpt_read=len(slots) * rs.hi.bytes_per_slot(), buf_read=int(n.sum()) * rs.buffer_row_bytes(),
              ckpt_write=len(slots) * rs.state_bytes_per_slot())
@@ -469,7 +511,8 @@ def gdn_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=N
         return out
     T, Hv, dk = v.shape[1], v.shape[2], q.shape[3]
     scale = gdn_scale(dk) if scale is None else scale
-    n = rs.cursor[slots].long()
+    _refresh_stale(rs, slots, cd)
+    n = rs.entries(slots)
     if int(n.max()) + T > rs.capacity:
         raise RuntimeError(f"draft window of {T} does not fit: cursor {int(n.max())}, capacity {rs.capacity}")
     pos = n[:, None] + torch.arange(T, device=v.device)

@@ -19,6 +19,13 @@ Three precision modes:
 The buffer is linear, not circular: a flush folds every committed entry, so the cursor
 returns to 0 and new entries overwrite from the start. Drafts beyond the cursor
 (speculation) are simply overwritten by the next verify: rollback is a cursor move.
+
+The cursor word: bits 0-14 hold the entry count n (so L < 2^15), bit 15 (LO_STALE) says that
+a dual state's low copy is behind its high checkpoint. The small-batch route (a flush at
+every step) writes only the high copy of a dual state and sets the bit, with n = 0: the low
+copy is refreshed lazily, by the next step that needs it, which then flushes (reference:
+replay steps; a verify refreshes it first; a flush writes it). Any op that stores a new
+cursor clears the bit. Read the count with ``rs.entries(slots)``, never ``rs.cursor`` raw.
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ from dataclasses import dataclass, field
 import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+LO_STALE = 1 << 15          # cursor bit: the low copy is stale (module docstring)
+CURSOR_MASK = LO_STALE - 1  # cursor bits: entries since the last flush
 
 DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -151,10 +160,23 @@ class ReplayStateBase:
 
     hi: Checkpoint            # flush path; in 'replay' and 'shared-low' mode the only copy
     lo: Checkpoint | None     # output path in 'dual' mode
-    cursor: torch.Tensor      # [S] int32: committed entries since the last flush
+    cursor: torch.Tensor      # [S] int32: committed entries since the last flush (| LO_STALE)
     flush_period: int
     mode: str
     counter: ByteCounter | None = field(default=None)
+    # a small-batch route step has run on this dual state, so low copies may be stale (LO_STALE):
+    # the Triton verify then refreshes them first (host-side: graph-safe, set before capture)
+    routed: bool = field(default=False)
+
+    def entries(self, slots=None) -> torch.Tensor:
+        """Committed entries n [len(slots)] (long) of `slots` (default: all), the LO_STALE bit masked."""
+        c = self.cursor if slots is None else self.cursor[slots]
+        return (c & CURSOR_MASK).long()
+
+    def lo_stale(self, slots=None) -> torch.Tensor:
+        """[len(slots)] bool: the slot's low copy is behind its high checkpoint (dual only)."""
+        c = self.cursor if slots is None else self.cursor[slots]
+        return (c & LO_STALE) != 0
 
     @property
     def read_ckpt(self) -> Checkpoint:
@@ -274,6 +296,8 @@ def check_periods(buffer_len: int, flush_period: int, spec_window: int = 0) -> N
     """Validate K <= L (and K + T <= L when speculating)."""
     if buffer_len < 1 or flush_period < 1:
         raise ValueError(f"buffer_len ({buffer_len}) and flush_period ({flush_period}) must be >= 1")
+    if buffer_len > CURSOR_MASK:
+        raise ValueError(f"buffer_len ({buffer_len}) must be <= {CURSOR_MASK} (the cursor word's count bits)")
     if flush_period > buffer_len:
         raise ValueError(f"flush_period ({flush_period}) must be <= buffer_len ({buffer_len})")
     if spec_window and buffer_len < flush_period + spec_window:

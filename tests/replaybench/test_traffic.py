@@ -116,8 +116,8 @@ def test_eager_model_matches_byte_accounting(family):
 
 def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     # a replay step that the kernel table sends down the eager route moves eager's bytes: the
-    # model follows the table (shipped: fp32 and 16-bit reads at batch <= 16, dual only up to
-    # DUAL_ROUTE_BATCH), and only for triton GDN
+    # model follows the table (shipped: fp32 and 16-bit reads at batch <= 16, dual states while
+    # batch x value heads <= DUAL_ROUTE_HEADS), and only for triton GDN
     from replayssm.triton import gdn as G
     from replaybench.models import get_model
     from replaybench.scenario import Case
@@ -133,9 +133,16 @@ def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     assert T.step_traffic(case("replay", 256), model).total_bytes == pytest.approx(
         T.replay_traffic(lb, 256, 16).total_bytes)
     dual = T.layer_bytes_for("gdn", model.ssm, "replay-dual", "float32", "bfloat16")
-    assert T.step_traffic(case("replay-dual", 1, lo="bfloat16"), model).total_bytes == pytest.approx(
-        T.replay_traffic(dual, 1, 1).total_bytes)
-    b = G.DUAL_ROUTE_BATCH + 1
+    routed = T.step_traffic(case("replay-dual", 1, lo="bfloat16"), model)
+    assert routed.total_bytes == pytest.approx(T.replay_traffic(dual, 1, 16, routed=True).total_bytes)
+    # routed, a dual state moves fp32 eager's bytes: its low copy is left stale, not written
+    eager = T.eager_traffic(T.layer_bytes_for("gdn", model.ssm, "eager", "float32", "none"), 1)
+    assert routed.parts["state_write"] == eager.parts["state_write"] == dual.state_hi
+    assert routed.total_bytes == pytest.approx(eager.total_bytes)
+    b = G.DUAL_ROUTE_HEADS // model.ssm.num_v_heads
+    assert T.step_traffic(case("replay-dual", b, lo="bfloat16"), model).total_bytes == pytest.approx(
+        T.replay_traffic(dual, b, 16, routed=True).total_bytes)
+    b += 1
     assert T.step_traffic(case("replay-dual", b, lo="bfloat16"), model).total_bytes == pytest.approx(
         T.replay_traffic(dual, b, 16).total_bytes)
     assert T.step_traffic(case("replay", 8), model).total_bytes == pytest.approx(T.replay_traffic(lb, 8, 1).total_bytes)
@@ -160,9 +167,15 @@ def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     assert T.step_traffic(case(1, "reference"), model).total_bytes == pytest.approx(
         T.replay_traffic(lb, 1, 16).total_bytes)
     assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 16).total_bytes)
-    dual = Case("c", "kernel", model.name, "mamba2", "replay-dual", "triton", 1, 16, 16, 0, "float32", "bfloat16")
-    assert M.DUAL_ROUTE_BATCH == 0 and T.step_traffic(dual, model).total_bytes == pytest.approx(
-        T.replay_traffic(T.layer_bytes_for("mamba2", model.ssm, "replay-dual", "float32", "bfloat16"), 1, 16).total_bytes)
+    # dual states route where fp32 states do (batch <= ROUTE_BATCH[4]), moving fp32 eager's bytes
+    dual_lb = T.layer_bytes_for("mamba2", model.ssm, "replay-dual", "float32", "bfloat16")
+    for b in (1, M.ROUTE_BATCH[4], M.ROUTE_BATCH[4] + 1):
+        dual = Case("c", "kernel", model.name, "mamba2", "replay-dual", "triton", b, 16, 16, 0, "float32", "bfloat16")
+        routed = b <= M.ROUTE_BATCH[4]
+        assert T.step_traffic(dual, model).total_bytes == pytest.approx(
+            T.replay_traffic(dual_lb, b, 16, routed).total_bytes)
+        if routed:
+            assert T.step_traffic(dual, model).total_bytes == pytest.approx(T.step_traffic(case(b), model).total_bytes)
     monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager"))      # an override routes any batch
     assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 1).total_bytes)
     monkeypatch.setitem(M.OVERRIDE, "replay", {})

@@ -8,6 +8,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ..state import CURSOR_MASK
+
+_CURSOR_MASK = tl.constexpr(CURSOR_MASK)
+
 
 @triton.jit
 def softplus(v):
@@ -93,13 +97,31 @@ def gdc_release(GDC: tl.constexpr):
 
 
 @triton.jit
+def clear_lo_stale_kernel(idx_ptr, cur_ptr, batch, HAS_IDX: tl.constexpr, BLOCK_B: tl.constexpr):
+    """One program: clear the LO_STALE bit (replayssm.state) of the cursor words of batch rows
+    b < batch (slot idx[b], negative: padded; without HAS_IDX slot b), after a refresh launch
+    has rewritten their stale low copies (a launch apart: no program of that one may store the
+    word another has yet to read)."""
+    bb = tl.arange(0, BLOCK_B)
+    if HAS_IDX:
+        slot = tl.load(idx_ptr + bb, mask=bb < batch, other=-1)
+    else:
+        slot = tl.where(bb < batch, bb, -1)
+    live = slot >= 0
+    ptr = cur_ptr + tl.maximum(slot, 0)
+    tl.store(ptr, tl.load(ptr, mask=live, other=0) & _CURSOR_MASK, mask=live)
+
+
+@triton.jit
 def commit_counts(idx_ptr, add_ptr, cur_ptr, batch, BLOCK_B: tl.constexpr):
     """Per batch row b < BLOCK_B of a commit: (b, slot = idx[b] (-1 past batch), live =
-    slot >= 0, m = cursor[slot] + add[b], 0 for rows not live)."""
+    slot >= 0, m = cursor[slot] + add[b], 0 for rows not live). The cursor word's LO_STALE bit
+    (replayssm.state) is masked off (the verify before a commit has cleared it, refreshing the
+    low copy)."""
     bb = tl.arange(0, BLOCK_B)
     slot = tl.load(idx_ptr + bb, mask=bb < batch, other=-1)
     live = slot >= 0
-    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0)
+    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0) & _CURSOR_MASK
     m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
     return bb, slot, live, m
 

@@ -22,12 +22,13 @@ weights) is done once per program rather than once per tile (_gdn_replay_kernel)
 Cursor protocol ("ticket cursor"): ops that move the cursor in one launch (fused replay, fold)
 must let every program of a sequence see the OLD cursor while one of them writes the new one,
 with no host sync and a fixed grid (CUDA graphs). Each program takes the cursor with one
-relaxed atomic_add(cursor[slot], 1 << 16): the low 16 bits are the cursor, the high bits count
-the programs that have read it. The program that draws ticket nprog - 1 knows every other
+relaxed atomic_add(cursor[slot], 1 << 16): the low 16 bits are the cursor word (bits 0-14 the
+count, bit 15 LO_STALE: a dual state's low copy is stale, see replayssm.state), the high bits
+count the programs that have read it. The program that draws ticket nprog - 1 knows every other
 program of the sequence has already read the cursor (all reads are the atomics themselves,
 totally ordered on one address), so it stores the new cursor, clearing the ticket bits.
 Between launches the cursor is a plain int. Costs one L2 atomic per program, no extra launch;
-needs L < 65536 and nprog < 32768. The SPLIT replay route reads the cursor with a plain load
+needs L < 32768 and nprog < 32768. The SPLIT replay route reads the cursor with a plain load
 and leaves the move to its second launch (_gdn_flush_step_kernel); verify reads it with a
 plain load (it never moves it).
 """
@@ -40,14 +41,16 @@ import triton
 import triton.language as tl
 
 from ..reference import L2_EPS
-from ..state import FP8_MAX, GDNReplayState
-from .common import cast, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint
+from ..state import CURSOR_MASK, FP8_MAX, LO_STALE, GDNReplayState
+from .common import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
+    prefetch_hint
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
 from .mma import mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
 _TICKET = tl.constexpr(1 << 16)
-_CUR_MASK = tl.constexpr((1 << 16) - 1)
+_CUR_MASK = tl.constexpr(CURSOR_MASK)
+_LO_STALE = tl.constexpr(LO_STALE)
 _FP8_MAX = tl.constexpr(FP8_MAX)
 
 # ----------------------------------------------------------------------------- launch table
@@ -201,26 +204,36 @@ OVERRIDE: dict[str, dict] = {}
 # so every replay step buffers (the buffered route's own small-batch rows serve), as tests of
 # the buffered route and studies of it at batch 1 need. A per-call `config` still wins.
 SMALL_BATCH_ROUTE = True
-# Dual mode writes two copies on the eager route (no byte saving), so it takes the route only
-# up to this batch (latency-bound). H200, Qwen3.5-122B dual bf16: b1 4.36 us routed vs 5.88
-# buffered (h200-small-batch-bf16-20261130 vs -20261130b); one run (tune_gdn_route_dual.txt),
-# routed 4 rows x 1 warp vs the buffered table rows: Qwen3.5-122B b2 7.2 vs 8.7, b4 12.3 vs 13.3;
-# Qwen3.5-4B b2 4.4 vs 6.3, b4 7.2 vs 9.2; at b8 Qwen3.5-122B buffers faster (18.8 vs 22.4),
-# Qwen3.5-4B routes faster (12.4 vs 14.6).
-DUAL_ROUTE_BATCH = 4
+# Dual states take the eager route on their high copy alone (the fp32 table's route row): the
+# low copy is not written there but marked stale (LO_STALE) and refreshed by the next buffered
+# step, which flushes (session 18; before, the route wrote both copies and lost 9-31 % to
+# fp32 eager at batch 1-16). So the route moves fp32 eager's bytes, the buffered step reads
+# half of them: routed while batch x value heads <= DUAL_ROUTE_HEADS. H200 (s17b runs, our fp32
+# eager ~ the fp32 route vs the buffered dual bf16 step): Qwen3.5-4B (32 heads) b16 18.1 vs
+# 23.1 us, b32 34.2 vs 28.9; Qwen3.5-122B (64 heads) b8 18.1 vs 18.4, b16 34.1 vs 29.0.
+DUAL_ROUTE_HEADS = 512
 
 
 def pick_config(op: str, batch: int, dv: int, dk: int, L: int = 1, override: dict | None = None,
-                state_bytes: int = 4, dual: bool = False) -> dict:
+                state_bytes: int = 4, dual: bool = False, heads: int | None = None) -> dict:
     """Launch config {BLOCK_V, BLOCK_K, BLOCK_L, num_warps, ...} for `op` at this shape; an
     `override` that sets the tile (BLOCK_V or num_warps) without a maxnreg drops the row's.
     `state_bytes`: bytes per element of the state copy the op streams (table key "op:bytes"
-    when present, else "op"); `dual`: a dual-mode state (see DUAL_ROUTE_BATCH)."""
+    when present, else "op"); `dual`: a dual-mode state of `heads` value heads (replay: see
+    DUAL_ROUTE_HEADS; its route row is the fp32 table's, its buffered rows the read copy's)."""
     rows = CONFIGS.get(f"{op}:{state_bytes}", CONFIGS[op])
+    routed = lambda r: len(r) > 3 and r[3].get("EAGER_ROUTE")   # noqa: E731
+    if not SMALL_BATCH_ROUTE:
+        rows = [r for r in rows if not routed(r)]
+    if op == "replay" and dual:
+        if heads is None:
+            raise ValueError("pick_config('replay', dual=True) needs heads (the value heads)")
+        hi_route = [r for r in CONFIGS[op] if routed(r)]
+        if SMALL_BATCH_ROUTE and hi_route and batch * heads <= DUAL_ROUTE_HEADS:
+            rows = [(None, *hi_route[0][1:])]
+        else:
+            rows = [r for r in rows if not routed(r)]
     for row in rows:
-        if len(row) > 3 and row[3].get("EAGER_ROUTE") and (
-                not SMALL_BATCH_ROUTE or (dual and batch > DUAL_ROUTE_BATCH)):
-            continue
         if row[0] is None or batch <= row[0]:
             break
     cfg = {"BLOCK_V": row[1], "num_warps": row[2], "BLOCK_L": min(triton.next_power_of_2(L), MAX_BLOCK_L)}
@@ -378,15 +391,17 @@ def _gdn_replay_eager_kernel(
     with eager's traffic and latency. One [BLOCK_V, dk] tile of the HIGH checkpoint per program.
 
     n = cursor, read with a plain load beside the state's. The eager step on the tile, written
-    to the high copy (dual: and the low copy refreshed), o = S' q. n > 0 (entries a
-    buffered-route step left): the step is taken from the tile with them folded in first, as a
-    flush folds them (_fold; dual: u recomputed against the high state), then the program
-    counts itself in with a ticket (cursor high bits); the last program resets the cursor to
-    0. Every program has read n before that (it reads before its own ticket), so all agree on
-    n. The steady state (n = 0) is computed ahead of the branch on n and the rare path redoes
-    it from a second read of the tile (see the comment in the body). Nothing is appended and,
-    at n = 0, no atomic and no cursor write happen: the state stays consistent for steps of
-    either route."""
+    to the high copy, o = S' q. Dual: the low copy is not written; the cursor word says it is
+    stale (LO_STALE, stored once by each program that finds the bit clear: the same value, and
+    concurrent readers see n = 0 either way), and the next buffered step flushes, refreshing it.
+    n > 0 (entries a buffered-route step left): the step is taken from the tile with them
+    folded in first, as a flush folds them (_fold; dual: u recomputed against the high state),
+    then the program counts itself in with a ticket (cursor high bits); the last program resets
+    the cursor to 0 (dual: LO_STALE). Every program has read n before that (it reads before its
+    own ticket), so all agree on n. The steady state (n = 0) is computed ahead of the branch on
+    n and the rare path redoes it from a second read of the tile (see the comment in the body).
+    Nothing is appended and, at n = 0, no atomic happens: the state stays consistent for steps
+    of either route."""
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -405,7 +420,8 @@ def _gdn_replay_eager_kernel(
         tile = row_off[:, None] * DK + cols[None, :]
         mask2 = rmask[:, None] & cmask[None, :]
         S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
-        n = tl.load(cur_ptr + slot64) & _CUR_MASK
+        word = tl.load(cur_ptr + slot64)
+        n = word & _CUR_MASK
         kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
                                               cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
         # The steady state (n = 0) runs the eager kernel's step as it is, and only then branches
@@ -422,23 +438,22 @@ def _gdn_replay_eager_kernel(
             S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
                       HV, HK, DK, DV, L, DUAL, EPS)
             S, o = _eager_update(S, kn, qn, vv, alpha, bt)
-            _route_store(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8,
-                         LO_FP8, DUAL, INTERP)
+            _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP)
             old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
             if (old >> 16) == nprog - 1:
-                tl.atomic_xchg(cur_ptr + slot64, 0, sem="relaxed")
+                tl.atomic_xchg(cur_ptr + slot64, _LO_STALE if DUAL else 0, sem="relaxed")
         else:
-            _route_store(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8,
-                         LO_FP8, DUAL, INTERP)
+            _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP)
+            if DUAL:
+                if word == 0:
+                    tl.store(cur_ptr + slot64, _LO_STALE)
 
 
 @triton.jit
-def _route_store(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask,
-                 HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr):
-    """The eager route's writes: the tile S to the high copy (dual: and the low copy), o [BLOCK_V]."""
+def _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask,
+                 HI_FP8: tl.constexpr, INTERP: tl.constexpr):
+    """The eager route's writes: the tile S to the high copy, o [BLOCK_V]."""
     _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
-    if DUAL:
-        _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
     tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
 
 
@@ -558,6 +573,8 @@ def _gdn_replay_kernel(
     hence occupancy): a plain read of the cursor, n stored to nxt[b] (-1: padded row) for
     _gdn_flush_step_kernel, launched next, which folds, writes the state and moves the cursor.
     Dual flush steps only append here (their output comes from the high copy, in that kernel).
+    Dual states flush also where the cursor word says the low copy is stale (LO_STALE, left by
+    the eager route; then n = 0): the low copy is refreshed by that flush instead of read.
     GDC (SPLIT): lets that launch, a programmatic dependent, start early (it waits for this one).
     """
     gdc_release(GDC)
@@ -635,9 +652,11 @@ def _gdn_replay_kernel(
         G2 = tl.load(gb_ptr + (e * HV)[None, :] + (h0 + hidx)[:, None], mask=lm[None, :], other=0.0).to(tl.float32)
         n = old & _CUR_MASK
         do_flush = n + 1 >= flush_period
+        if DUAL:    # a stale low copy (left by the eager route) is not read: this step flushes
+            do_flush = do_flush | ((old & _LO_STALE) != 0)
         if SPLIT:
             if (pid0 == 0) & (kh == 0):
-                tl.store(nxt_ptr + b, n)
+                tl.store(nxt_ptr + b, old & (_LO_STALE | _CUR_MASK))
         else:
             if (old >> 16) == nprog - 1:
                 tl.atomic_xchg(cur_ptr + slot64, tl.where(do_flush, 0, n + 1), sem="relaxed")
@@ -818,14 +837,16 @@ def _stored_entry(F, wrun, i, n, slot64, h, kh, rr, rm, cols, cmask, ub_ptr, kb_
 @triton.jit
 def _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w, writer, NW: tl.constexpr,
                    BLOCK_B: tl.constexpr):
-    """The flushing rows of a SPLIT replay step, from nxt[b] = the cursor row b had (-1: padded;
-    this step's entry is at n): rows with n + 1 >= K flush, ranked in batch order. The programs
-    with `writer` set (one per worker) write the cursors of rows b % NW == w: 0 after a flush,
-    else n + 1. Returns (bb, nb, fl, rank) over the BLOCK_B rows and this worker's count of
-    ranks w, w + NW, ..."""
+    """The flushing rows of a SPLIT replay step, from nxt[b] = the cursor word row b had (-1:
+    padded; this step's entry is at n = its count): rows with n + 1 >= K or a stale low copy
+    (LO_STALE) flush, ranked in batch order. The programs with `writer` set (one per worker)
+    write the cursors of rows b % NW == w: 0 after a flush, else n + 1. Returns (bb, nb, fl,
+    rank) over the BLOCK_B rows (nb: the counts, -1 padded) and this worker's count of ranks
+    w, w + NW, ..."""
     bb = tl.arange(0, BLOCK_B)
-    nb = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
-    fl = (nb >= 0) & (nb + 1 >= flush_period)
+    word = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
+    nb = tl.where(word >= 0, word & _CUR_MASK, -1)
+    fl = (nb >= 0) & ((nb + 1 >= flush_period) | ((word & _LO_STALE) != 0))
     rank = tl.cumsum(fl.to(tl.int32), 0) - 1
     if writer:
         mine = (nb >= 0) & (bb % NW == w)
@@ -1154,6 +1175,32 @@ def _gdn_commit_balanced_kernel(
                     _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
 
 
+# ----------------------------------------------------------------------------- low-copy refresh
+@triton.jit
+def _gdn_refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+                           HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr,
+                           BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                           HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, INTERP: tl.constexpr):
+    """Before a verify of a dual state that has taken the eager route: where the cursor word
+    says the low copy is stale (LO_STALE), copy the [BLOCK_V, dk] tile of the high checkpoint
+    into it (quantising). Grid (cdiv(dv, BLOCK_V), Hv, batch). The bit is cleared by the launch
+    after (common.clear_lo_stale_kernel; no program here may, as another may not have read it
+    yet), so the verify reads plain counts."""
+    b = tl.program_id(2)
+    slot = tl.load(idx_ptr + b)
+    if slot >= 0:
+        slot64 = slot.to(tl.int64)
+        if (tl.load(cur_ptr + slot64) & _LO_STALE) != 0:
+            rows = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+            rmask = rows < DV
+            cols = tl.arange(0, BLOCK_K)
+            row_off = (slot64 * HV + tl.program_id(1)) * DV + rows
+            tile = row_off[:, None] * DK + cols[None, :]
+            mask2 = rmask[:, None] & (cols < DK)[None, :]
+            S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+            _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
+
+
 # ----------------------------------------------------------------------------- fold
 @triton.jit
 def _gdn_fold_kernel(
@@ -1169,7 +1216,9 @@ def _gdn_fold_kernel(
 
     n = cursor (+ add[b] when HAS_ADD: commit of accepted drafts). If n >= threshold
     (flush: 1, commit: K) fold entries 0..n-1 into the high checkpoint, write it (dual:
-    refresh the low copy) and set the cursor to 0; else the cursor becomes n.
+    refresh the low copy) and set the cursor to 0; else the cursor becomes n. A flush (no
+    add) also folds where the low copy is stale (LO_STALE, n = 0): the fold of no entries
+    rewrites both copies. (A commit follows a verify, which has refreshed it.)
     """
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
@@ -1188,7 +1237,9 @@ def _gdn_fold_kernel(
         last = (old >> 16) == nprog - 1
         if HAS_ADD:
             n = n + tl.load(add_ptr + b).to(tl.int32)
-        do_fold = n >= threshold
+            do_fold = n >= threshold
+        else:
+            do_fold = (n >= threshold) | ((old & _LO_STALE) != 0)
         if last:
             tl.atomic_xchg(cur_ptr + slot64, tl.where(do_fold, 0, n), sem="relaxed")
         if do_fold:
@@ -1559,8 +1610,8 @@ def _buffer_args(rs: GDNReplayState):
 
 def _check_rs(rs: GDNReplayState, nprog: int) -> None:
     L = rs.capacity
-    if L >= 1 << 16:
-        raise ValueError(f"buffer_len {L} too large for the ticket cursor (< 65536)")
+    if L > CURSOR_MASK:
+        raise ValueError(f"buffer_len {L} too large for the cursor word (<= {CURSOR_MASK})")
     if nprog >= 1 << 15:
         raise ValueError(f"{nprog} programs per sequence: too many for the ticket cursor; raise BLOCK_V")
     for t in [rs.hi.data, rs.cursor, *rs.buffers()] + ([rs.lo.data] if rs.lo is not None else []):
@@ -1628,7 +1679,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     Hk, dk = k.shape[1], k.shape[2]
     L = rs.capacity
     cfg = pick_config("replay", batch, dv, dk, L, config, state_bytes=rs.read_ckpt.data.element_size(),
-                      dual=rs.mode == "dual")
+                      dual=rs.mode == "dual", heads=Hv)
     if cfg.get("EAGER_ROUTE"):
         return [_plan_replay_eager(rs, q, k, v, g, beta, state_indices, scale, o, cfg)]
     rm = replay_meta(cfg, L, dv, Hv // Hk, rs.flush_period)
@@ -1725,19 +1776,20 @@ def _fold_precision(rs: GDNReplayState, fc: dict) -> str:
 
 
 def takes_eager_route(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
-                      config: dict | None = None, dual: bool = False) -> bool:
+                      config: dict | None = None, dual: bool = False, heads: int | None = None) -> bool:
     """True when a replay step of this shape runs the eager route (a CONFIGS "replay" row or
     `config` with EAGER_ROUTE), i.e. flushes at every step. For traffic models: such a step
-    moves eager's bytes (flush period 1). read_bytes: bytes per element of the copy the step
-    reads (the low copy in dual mode)."""
-    cfg = pick_config("replay", batch, dv, dk, buffer_len, config, state_bytes=read_bytes, dual=dual)
+    moves eager's bytes (flush period 1; a dual state's: the high copy's alone). read_bytes:
+    bytes per element of the copy the step reads (the low copy in dual mode); heads: value
+    heads (needed for dual states, DUAL_ROUTE_HEADS)."""
+    cfg = pick_config("replay", batch, dv, dk, buffer_len, config, state_bytes=read_bytes, dual=dual, heads=heads)
     return bool(cfg.get("EAGER_ROUTE"))
 
 
 def state_takes_eager_route(rs: GDNReplayState, k, v, config=None) -> bool:
     """takes_eager_route for a step of `rs` with inputs k [b, Hk, dk], v [b, Hv, dv]."""
     return takes_eager_route(v.shape[0], v.shape[2], k.shape[2], rs.capacity, rs.read_ckpt.data.element_size(),
-                             config, rs.mode == "dual")
+                             config, rs.mode == "dual", v.shape[1])
 
 
 def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, cfg: dict):
@@ -1749,6 +1801,7 @@ def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scal
     _check_rs(rs, grid[0] * Hv)
     ck, ck_meta = _hi_lo_args(rs)
     buf, dual = _buffer_args(rs)
+    rs.routed = rs.routed or dual     # its low copies may go stale: verify refreshes them first
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), ck[0], rs.cursor,
             *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv, *ck[1:], *buf]
     meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual, **ck_meta)
@@ -1994,8 +2047,25 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
     q, k, v = last_contig(q), last_contig(k), last_contig(v)
     o = torch.empty_like(v) if out is None else out
     if v.shape[0]:
+        if rs.mode == "dual" and rs.routed:     # low copies the eager route left stale
+            for plan in plan_refresh_lo(rs, state_indices, v.shape[0]):
+                _launch(plan)
         _launch(plan_verify(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config))
     return o
+
+
+def plan_refresh_lo(rs: GDNReplayState, state_indices, batch: int):
+    """Plans of the stale low copies' refresh over `batch` rows: _gdn_refresh_lo_kernel (16-row
+    tiles, 1 warp: a rare path), then the LO_STALE bits cleared (common.clear_lo_stale_kernel)."""
+    _, Hv, dv, dk = rs.hi.data.shape
+    ck, ck_meta = _hi_lo_args(rs)
+    block_v = min(16, triton.next_power_of_2(dv))
+    idx = _rows_index(state_indices, batch, rs.cursor.device)
+    meta = dict(HV=Hv, DV=dv, DK=dk, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(dk), INTERP=interpreting(),
+                num_warps=1, **ck_meta)
+    return [(_gdn_refresh_lo_kernel, (triton.cdiv(dv, block_v), Hv, batch), [idx, rs.cursor, *ck], meta),
+            (clear_lo_stale_kernel, (1,), [idx, rs.cursor, batch],
+             dict(HAS_IDX=True, BLOCK_B=triton.next_power_of_2(batch), num_warps=4))]
 
 
 # ----------------------------------------------------------------------------- offline compile

@@ -34,7 +34,10 @@ The cursor. Every program of a sequence reads cursor[slot]; programs are not ord
 program may simply write it. Either the step takes it with an atomic ticket (one relaxed
 atomic_add per program; the program drawing the last ticket stores the new cursor: one
 launch), or a separate tiny kernel (_cursor_kernel) writes it right after, on the same
-stream (two launches, no atomics). Both are graph-safe with no host sync; REPLAY_CONFIGS
+stream (two launches, no atomics). The cursor word's bit 15 (LO_STALE, replayssm.state) says
+that a dual state's low copy is stale: the eager route leaves it so (writing the high copy
+alone) and the next buffered step flushes that sequence (refreshing the copy) instead of
+reading it. Both are graph-safe with no host sync; REPLAY_CONFIGS
 picks per batch bucket (docs/kernels.md). In a model whose layers share one cursor tensor
 the move can run once per step for all layers (replayssm.mamba2.replay_step(...,
 advance_cursor=False) then replayssm.mamba2.advance_cursors).
@@ -47,10 +50,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint, silu, softplus
+from ..state import CURSOR_MASK, LO_STALE
+from .common import cast, clear_lo_stale_kernel, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint, silu, \
+    softplus
 from .launch import Launch, cache_lines, last_contig, out_like, pdl_meta, state_scratch, tma_rows
 from .mma import mma_acc, mma_precision
 from .offline import compile_launch
+
+_CUR_MASK = tl.constexpr(CURSOR_MASK)
+_LO_STALE = tl.constexpr(LO_STALE)
 
 # ----------------------------------------------------------------------------- launch configs
 # Tables for the lead to tune; defaults measured on an H200 by tools/tune_mamba2.py (see
@@ -158,10 +166,11 @@ SMALL_BATCH_ROUTE = True
 # to the route up to b16 (b8 Nano 12.78 vs 10.49 us, b16 19.67 vs 18.73; s7b vs
 # h200-small-batch-bf16-20261130) and wins at b32.
 ROUTE_BATCH = {4: 2, 2: 16}
-# Dual mode writes two copies on the eager route (no byte saving) and gained no time there
-# (H200 dual bf16, routed vs buffered: b1 Super 5.00 vs 4.92 us, Nano 4.82 vs 4.88; b8 Nano 22.0
-# vs 20.1, h200-small-batch-bf16-20261130 vs -20261130b): it takes the route up to this batch.
-DUAL_ROUTE_BATCH = 0
+# Dual states take the route on their high copy alone, as fp32 states do (the (4, "route") rows,
+# batch <= ROUTE_BATCH[4]): the low copy is not written there but marked stale (LO_STALE) and
+# the next buffered step flushes, refreshing it (session 18; before, the route wrote both
+# copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
+# h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
                        maxnreg=None, pf=0)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
@@ -172,7 +181,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # warp. Nano b2 6.03 us vs 6.57 (our eager 6.07-6.15; Super keeps 32 x 8: 6.20 vs 6.38 at
     # 8 x 1, tune_mamba2_s17c.txt); b1 4.47 vs 4.46 (tune_mamba2 session 7)
     (4, "route"): [dict(route="eager", block_p=32, warps=8, p_mod=32), dict(route="eager", block_p=8, warps=1)],
-    # 16-bit read copies (bf16 state; dual only up to DUAL_ROUTE_BATCH): 8 rows x 1 warp. bf16
+    # 16-bit read copies (bf16 state; dual states route on their high copy): 8 rows x 1 warp. bf16
     # state, routed / buffered x our bf16 eager: Super b1 1.05 / 0.74
     # (h200-small-batch-bf16-20261130, h200-kernels-20261130-s6)
     (2, "route"): [dict(route="eager", block_p=8, warps=1)],
@@ -278,15 +287,17 @@ def launch_config(kernel: str, P: int, state_bytes: int, batch: int, nheads: int
     return block_p, chunks, warps
 
 
-def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool = False) -> dict:
+def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool = False,
+                   hi_bytes: int = 4) -> dict:
     """Launch choice of the replay step at a shape: REPLAY_CONFIGS' candidate for P, filled from
     REPLAY_DEFAULTS, then OVERRIDE['replay']. Rows per program: next_pow2(block_p * chunks)
-    (chunks 0 = whole head; default 1), at most next_pow2(P)."""
+    (chunks 0 = whole head; default 1), at most next_pow2(P). Dual states (high copy of
+    hi_bytes per element) take the route as a state of their high copy would."""
     v = dict(REPLAY_DEFAULTS, chunks=1)
     key = (min(read_bytes, 4), "one" if batch <= 1 else _bucket(batch, nheads))
-    if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH.get(key[0], 0) and (key[0], "route") in REPLAY_CONFIGS and (
-            not dual or batch <= DUAL_ROUTE_BATCH):
-        key = (key[0], "route")
+    rb = min(hi_bytes, 4) if dual else key[0]     # the copy the route reads and writes
+    if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH.get(rb, 0) and (rb, "route") in REPLAY_CONFIGS:
+        key = (rb, "route")
     v.update(_pick(REPLAY_CONFIGS[key], P))
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])
@@ -471,22 +482,25 @@ def _eager_kernel(
 # ----------------------------------------------------------------------------- replay step
 @triton.jit
 def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr):
-    """This program's view of cursor[slot] (0 for a padded row).
+    """This program's view of cursor[slot]: (n, stale), (0, False) for a padded row; stale:
+    the LO_STALE bit (a dual state's low copy is stale, so the step flushes).
 
     TICKET: every program of the sequence reads the cursor with one relaxed
-    atomic_add(cursor, 1 << 16) (low 16 bits: the cursor; high bits: programs that have read
-    it); the one that draws ticket NPROG - 1 knows all others have read it (the reads are the
-    atomics themselves, totally ordered on one address) and stores the advanced cursor
-    (n + 1 >= K ? 0 : n + 1), clearing the ticket bits. Otherwise a plain load (a
+    atomic_add(cursor, 1 << 16) (low 16 bits: the cursor word; high bits: programs that have
+    read it); the one that draws ticket NPROG - 1 knows all others have read it (the reads are
+    the atomics themselves, totally ordered on one address) and stores the advanced cursor
+    (n + 1 >= K or stale ? 0 : n + 1), clearing the ticket bits. Otherwise a plain load (a
     _cursor_kernel launch, or the caller's advance_cursors, moves it later)."""
     if TICKET:
         t = tl.atomic_add(cur_ptr + slot, 65536, mask=live, sem="relaxed")
-        n = tl.where(live, t & 65535, 0)
         last = live & ((t >> 16) == NPROG - 1)
-        tl.atomic_xchg(cur_ptr + slot, tl.where(n + 1 >= K, 0, n + 1), mask=last, sem="relaxed")
     else:
-        n = tl.load(cur_ptr + slot, mask=live, other=0)
-    return n
+        t = tl.load(cur_ptr + slot, mask=live, other=0)
+    n = tl.where(live, t & _CUR_MASK, 0)
+    stale = live & ((t & _LO_STALE) != 0)
+    if TICKET:
+        tl.atomic_xchg(cur_ptr + slot, tl.where((n + 1 >= K) | stale, 0, n + 1), mask=last, sem="relaxed")
+    return n, stale
 
 
 @triton.jit
@@ -512,9 +526,10 @@ def _replay_step_kernel(
     checkpoint tile and buffer rows 0..n-1; append the entry at row n (x: every program its
     rows; dt: row tile 0; B: row tile 0 of the group's first head).
     FUSED and n + 1 >= K (flush route): fold entries 0..n into the high tile, y = S_new C,
-    write the high tile (and the low copy in dual mode); nothing is appended.
-    Not FUSED: every sequence takes the output-only route (flushing ones append row n = K-1
-    too) and _replay_flush_kernel, launched next, folds and overwrites their y.
+    write the high tile (and the low copy in dual mode); nothing is appended. Dual states
+    also flush where the cursor word says the low copy is stale (LO_STALE; then n = 0).
+    Not FUSED: every sequence takes the output-only route (flushing ones append row n too)
+    and _replay_flush_kernel, launched next, folds and overwrites their y.
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -552,7 +567,7 @@ def _replay_step_kernel(
     Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0)
     Bn_raw = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0)
     x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
-    n = _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET)
+    n, stale = _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET)
     mask_l = (offs_l < n) & live
     dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0)
     if PRELOAD:
@@ -571,8 +586,8 @@ def _replay_step_kernel(
     Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
     Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
     x_buf = cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # entry n as stored
-    if FUSED:
-        do_fold = n + 1 >= K
+    if FUSED:   # a stale low copy (LO_STALE, dual) is not read: the step flushes, refreshing it
+        do_fold = (n + 1 >= K) | stale
     else:
         do_fold = False
     # One branch per program (the decision is per sequence). Without PRELOAD each branch
@@ -679,18 +694,20 @@ def _replay_flush_kernel(
     kernel appended entry K-1) into its rows of the high checkpoint, writes them (and the low
     copy), and overwrites y with S_new C (+ D x, * silu z), as the fused route computes it.
     Every other program returns after one cursor load. ADVANCED: the step kernel already
-    moved the cursor (ticket), so a flushing sequence is one whose cursor is now 0;
-    otherwise (cursor moved later) one with cursor + 1 >= K."""
+    moved the cursor (ticket), so a flushing sequence is one whose cursor is now 0 (not for
+    dual states, plan_replay_step); otherwise (cursor moved later) one with cursor + 1 >= K
+    or a stale low copy (LO_STALE)."""
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
-    n = tl.load(cur_ptr + slot, mask=live, other=1)
+    word = tl.load(cur_ptr + slot, mask=live, other=1)
+    n = word & _CUR_MASK
     if ADVANCED:
         do = live & (n == 0)
         nf = K
     else:
-        do = live & (n + 1 >= K)
+        do = live & ((n + 1 >= K) | ((word & _LO_STALE) != 0))
         nf = n + 1
     if do:
         g = h // HPG
@@ -740,11 +757,14 @@ def _replay_eager_kernel(
     n = cursor, a plain load beside the state's. n > 0 (entries a buffered-route step left):
     fold entries 0..n-1 first (as a flush; CAP, the buffer capacity, bounds the loop), then
     take a ticket (cursor high bits); the program drawing NPROG - 1 resets the cursor to 0
-    (every program read n before its own ticket, so all agree on n). Then the eager step with the new entry as the buffer would
-    store it (x, B, dt rounded to the buffer dtypes, as the reference's flush folds it):
-    S' = exp(dt A) S + dt x B^T, written to the high copy (dual: the low copy too), and
-    y = S' C (+ D x, * silu z). Nothing is appended; in the steady state (n = 0) there is no
-    atomic and no cursor write, so steps may switch routes."""
+    (dual: LO_STALE; every program read n before its own ticket, so all agree on n). Then the
+    eager step with the new entry as the buffer would store it (x, B, dt rounded to the buffer
+    dtypes, as the reference's flush folds it): S' = exp(dt A) S + dt x B^T, written to the
+    high copy, and y = S' C (+ D x, * silu z). Dual (HAS_LO): the low copy is not written; the
+    cursor word says it is stale (LO_STALE, stored by each program that finds the bit clear:
+    the same value, and concurrent readers see n = 0 either way) and the next buffered step
+    flushes, refreshing it. Nothing is appended; in the steady state (n = 0) there is no
+    atomic, so steps may switch routes."""
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -760,7 +780,8 @@ def _replay_eager_kernel(
     ck_base = slot * s_ck_s + h * s_ck_h
     sc_base = slot * s_sc_s + h * s_sc_h
     S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE, EVICT)
-    n = tl.load(cur_ptr + slot, mask=live, other=0) & 65535
+    word = tl.load(cur_ptr + slot, mask=live, other=0)
+    n = word & _CUR_MASK
     A = tl.load(A_ptr + h).to(tl.float32)
     Dh = tl.load(D_ptr + h).to(tl.float32)
     dt_n = softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
@@ -785,10 +806,12 @@ def _replay_eager_kernel(
                               other=0.0).to(tl.float32)
                 S = tl.exp(dt_i * A) * S + (dt_i * x_i)[:, None] * B_i[None, :]
         t = tl.atomic_add(cur_ptr + slot, 65536, mask=live, sem="relaxed")
-        tl.atomic_xchg(cur_ptr + slot, 0, mask=live & ((t >> 16) == NPROG - 1), sem="relaxed")
+        tl.atomic_xchg(cur_ptr + slot, _LO_STALE if HAS_LO else 0, mask=live & ((t >> 16) == NPROG - 1),
+                       sem="relaxed")
+    elif HAS_LO:
+        tl.store(cur_ptr + slot, _LO_STALE, mask=live & (word == 0))
     S = a_n * S + dx_n[:, None] * Bn[None, :]
-    _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask, mask_p, S,
-                 HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
+    _store_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, HI_SCALE, EXACT, EVICT)
     _finish_y(tl.sum(S * Cv[None, :], axis=1), x_in, Dh, z_ptr + b * s_z_b + h * s_z_h, y_ptr + b * s_y_b + h * s_y_h,
               offs_p, mask_p, in_p, HAS_Z, EXACT)
 
@@ -808,7 +831,9 @@ def _fold_kernel(
 ):
     """Fold buffer entries 0..n-1 into the high checkpoint tile and write it (and the low
     copy in dual mode), where n = cursor[slot] (+ accepted[row] for a commit) and only if
-    n >= THRESH (flush: 1, commit: K). Row r of the grid addresses slot idx[r] (< 0: skip).
+    n >= THRESH (flush: 1, commit: K), or, for a flush of a dual state, where the low copy is
+    stale (LO_STALE, n = 0: no entries folded, both copies written; a commit follows a verify,
+    which has refreshed it). Row r of the grid addresses slot idx[r] (< 0: skip).
     LIST (a commit after _commit_list_kernel, which has moved the cursors): grid dim 2 is NW
     workers; acc_ptr holds the folding rows as (r << 16) | n at ranks 0.., their count at
     [ROWS]; worker w folds the ranks w, w + NW, ... < the count (NT = cdiv(ROWS, NW) slots;
@@ -835,10 +860,16 @@ def _fold_kernel(
         slot = tl.load(idx_ptr + r).to(tl.int64)
         live = slot >= 0
         slot = tl.maximum(slot, 0)
-        n = tl.load(cur_ptr + slot, mask=live, other=0)
+        word = tl.load(cur_ptr + slot, mask=live, other=0)
+        n = word & _CUR_MASK
         if HAS_ACC:
             n = n + tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32)
-        if live & (n >= THRESH):
+            do = n >= THRESH
+        elif HAS_LO:
+            do = (n >= THRESH) | ((word & _LO_STALE) != 0)
+        else:
+            do = n >= THRESH
+        if live & do:
             _fold_head(slot, n, pid_p, h, bx_ptr, bB_ptr, bdt_ptr, A_ptr, hi_ptr, hi_sc_ptr, lo_ptr,
                        lo_sc_ptr, P, N, L, HPG, s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
                        s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h, BLOCK_P, ROW_CHUNKS, BLOCK_N, BLOCK_L, HI_SCALE,
@@ -1099,12 +1130,37 @@ def _verify_kernel(
                      cast(Bd.to(tl.float32), bB_ptr.dtype.element_ty, EXACT), mask=m2)
 
 
+# ----------------------------------------------------------------------------- low-copy refresh
+@triton.jit
+def _refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, P, N,
+                       s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
+                       BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_IDX: tl.constexpr,
+                       HI_SCALE: tl.constexpr, LO_SCALE: tl.constexpr, EXACT: tl.constexpr):
+    """Before a verify of a dual state that has taken the eager route: where the cursor word
+    says the low copy is stale (LO_STALE), copy BLOCK_P rows of head h of the high checkpoint
+    into it (quantising). Grid (cdiv(P, BLOCK_P), H, batch). The bit is cleared by the launch
+    after (common.clear_lo_stale_kernel; no program here may, as another may not have read it
+    yet), so the verify reads plain counts."""
+    h = tl.program_id(1)
+    slot, live = _slot_of(idx_ptr, tl.program_id(2).to(tl.int64), HAS_IDX)
+    stale = live & ((tl.load(cur_ptr + slot, mask=live, other=0) & _LO_STALE) != 0)
+    if stale:
+        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_p = offs_p < P
+        mask = mask_p[:, None] & (offs_n < N)[None, :]
+        ck_base = slot * s_ck_s + h * s_ck_h
+        sc_base = slot * s_sc_s + h * s_sc_h
+        S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE, "")
+        _store_state(lo_ptr, lo_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, LO_SCALE, EXACT, "")
+
+
 # ----------------------------------------------------------------------------- cursor pass
 @triton.jit
 def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
                    MODE: tl.constexpr, HAS_IDX: tl.constexpr, BLOCK: tl.constexpr):
     """New cursors after a launch of the kernels above (which only read them).
-    MODE 0 (step):   n + 1 >= K ? 0 : n + 1
+    MODE 0 (step):   n + 1 >= K or stale ? 0 : n + 1   (stale: LO_STALE, the step flushed)
     MODE 1 (commit): n + accepted >= K ? 0 : n + accepted
     MODE 2 (flush):  0"""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -1115,10 +1171,11 @@ def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
         slot = offs.to(tl.int64)
     live = m & (slot >= 0)
     slot = tl.maximum(slot, 0)
-    n = tl.load(cur_ptr + slot, mask=live, other=0)
+    word = tl.load(cur_ptr + slot, mask=live, other=0)
+    n = word & _CUR_MASK
     if MODE == 0:
         n = n + 1
-        new = tl.where(n >= K, 0, n)
+        new = tl.where((n >= K) | ((word & _LO_STALE) != 0), 0, n)
     elif MODE == 1:
         n = n + tl.load(acc_ptr + offs, mask=live, other=0).to(tl.int32)
         new = tl.where(n >= K, 0, n)
@@ -1249,7 +1306,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         return [], y
     _check_ckpts(rs.hi, rs.lo)
     rd = rs.read_ckpt
-    v = replay_variant(P, _state_bytes(rd), bsz, H, rs.mode == "dual")
+    v = replay_variant(P, _state_bytes(rd), bsz, H, rs.mode == "dual", _state_bytes(rs.hi))
     if v["route"] == "eager" and advance:
         return [_plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v)], y
     block_p, warps, fused = v["block_p"], v["warps"], v["route"] == "fused"
@@ -1264,8 +1321,12 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     block_l, use_dot = _block_l(min(rs.flush_period, L), v["fold_rows"], fold_cols)   # a step sees n <= K - 1
     grid = (triton.cdiv(P, block_p), H, bsz)
     nprog = grid[0] * H
-    if ticket and (nprog >= 1 << 15 or L >= 1 << 16):
-        raise ValueError(f"ticket cursor needs < 32768 programs per sequence ({nprog}) and L < 65536 ({L})")
+    if ticket and (nprog >= 1 << 15 or L > CURSOR_MASK):
+        raise ValueError(f"ticket cursor needs < 32768 programs per sequence ({nprog}) and L < 32768 ({L})")
+    if ticket and not fused and rs.mode == "dual":
+        raise ValueError("replay route 'split' with the ticket cannot serve a dual state (its flush launch could "
+                         "not tell a stale low copy's flush from a full buffer's); allowed: route 'fused', or ticket "
+                         "False")
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
     rd_lpr, rd_ls = cache_lines(rd_d, N)      # the read tile's rows, for the pf hint
     hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
@@ -1301,11 +1362,19 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     return launches, y
 
 
-def takes_eager_route(P: int, read_bytes: int, batch: int, nheads: int, dual: bool = False) -> bool:
+def takes_eager_route(P: int, read_bytes: int, batch: int, nheads: int, dual: bool = False,
+                      hi_bytes: int = 4) -> bool:
     """True when a replay step of this shape (advancing its cursor) runs the eager route, i.e.
-    flushes at every step: for traffic models, a step with flush period 1. read_bytes: bytes
-    per element of the copy the output path reads (the low copy in dual mode)."""
-    return replay_variant(P, read_bytes, batch, nheads, dual)["route"] == "eager"
+    flushes at every step: for traffic models, a step with flush period 1 (a dual state's
+    writes the high copy alone). read_bytes: bytes per element of the copy the output path
+    reads (the low copy in dual mode); hi_bytes: the high copy's (dual)."""
+    return replay_variant(P, read_bytes, batch, nheads, dual, hi_bytes)["route"] == "eager"
+
+
+def state_takes_eager_route(rs, x) -> bool:
+    """takes_eager_route for an advancing step of `rs` with inputs x [b, H, P]."""
+    return takes_eager_route(x.shape[2], _state_bytes(rs.read_ckpt), x.shape[0], x.shape[1], rs.mode == "dual",
+                             _state_bytes(rs.hi))
 
 
 def _plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: dict):
@@ -1320,6 +1389,7 @@ def _plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: d
     lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
+    rs.routed = rs.routed or rs.lo is not None     # its low copies may go stale: verify refreshes them first
     return _record(_replay_eager_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt, hi_d, hi_s, lo_d, lo_s,
         P, N, H // G, nprog,
@@ -1485,8 +1555,26 @@ def verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None)
     """Launch speculative verification of T drafts. x [b, T, H, P], dt [b, T, H],
     B/C [b, T, G, N], z [b, T, H, P] or None. Returns y [b, T, H, P]; cursor unchanged."""
     launches, y = plan_verify(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out)
+    if launches and rs.lo is not None and rs.routed:     # low copies the eager route left stale
+        launches = plan_refresh_lo(rs, state_indices, x.shape[0]) + launches
     _run(launches)
     return y
+
+
+def plan_refresh_lo(rs, state_indices, rows: int):
+    """[launches] of the stale low copies' refresh over `rows` batch rows: _refresh_lo_kernel
+    (16-row tiles, 1 warp: a rare path), then the LO_STALE bits cleared (clear_lo_stale_kernel)."""
+    _, H, P, N = rs.hi.data.shape
+    block_p = min(16, _np2(P))
+    hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
+    lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
+    idx = state_indices if state_indices is not None else rs.cursor
+    return [_record(_refresh_lo_kernel, (triton.cdiv(P, block_p), H, rows))(
+        idx, rs.cursor, hi_d, hi_s, lo_d, lo_s, P, N, *_ckpt_strides(rs),
+        BLOCK_P=block_p, BLOCK_N=_np2(N), HAS_IDX=state_indices is not None, HI_SCALE=hi_has, LO_SCALE=lo_has,
+        EXACT=_interpreting(), num_warps=1),
+        _record(clear_lo_stale_kernel, (1,))(idx, rs.cursor, rows, HAS_IDX=state_indices is not None,
+                                              BLOCK_B=_np2(rows), num_warps=4)]
 
 
 # ----------------------------------------------------------------------------- offline compile

@@ -192,6 +192,66 @@ def test_dual_high_checkpoint_is_exact_while_shared_low_drifts(family, lo):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_dual_route_leaves_the_low_copy_stale_and_the_high_copy_exact(family):
+    """The small-batch route's semantics (route=True) mixed with buffered steps, speculative
+    rounds and a flush on a dual state (fp64 high copy, bf16 low copy): the route writes the
+    high copy alone and marks the low copy stale (LO_STALE, count 0); the next op that would
+    read it refreshes it first (a buffered step flushes, a verify rewrites it and clears the
+    bit). Whatever the order, the high checkpoint stays the eager state exactly, and every
+    output computed from the high copy (route steps, the flushes the stale bit forces) is exact."""
+    from replayssm.state import LO_STALE
+    gen = torch.Generator().manual_seed(19)
+    fam = Family(family, gen)
+    T, K = 2, 4
+    rs = fam.alloc(K + T, K, "dual", "float64", "bfloat16")
+    init = random_state(*fam.state_shape(), dtype=F64, gen=gen)
+    rs.hi.write(torch.arange(SLOTS), init)
+    rs.lo.write(torch.arange(SLOTS), init)
+    eager = init.clone()
+    ops = {"route": 0, "stale flush": 0, "verify refresh": 0}
+    for t in range(120):
+        idx = _indices(t, gen)
+        live = idx[idx >= 0].long()
+        op = ["route", "step", "spec"][int(torch.randint(0, 3, (1,), generator=gen))]
+        stale = rs.lo_stale(live)
+        if op == "spec":
+            inp = fam.inputs(4, T)
+            y = fam.verify(rs, inp, idx)
+            assert not rs.lo_stale(live).any()
+            ops["verify refresh"] += int(stale.sum())
+            m = torch.randint(0, T + 1, (4,), generator=gen)
+            for j in range(T):
+                row_idx = torch.where(m > j, idx, torch.full_like(idx, -1))
+                ye = fam.eager(eager, fam.step_slice(inp, j), row_idx)
+                acc = row_idx >= 0
+                if acc.any():
+                    assert rel(y[acc, j], ye[acc]) < 2e-2, (t, j)     # from the (refreshed) bf16 copy
+            fam.commit(rs, m, idx)
+            continue
+        inp = fam.inputs(4)
+        ye = fam.eager(eager, inp, idx)
+        f = R.mamba2_replay_step if family == "mamba2" else R.gdn_replay_step
+        y = f(rs, **inp, **fam.params, state_indices=idx, route=op == "route")
+        rows = (idx >= 0).nonzero().flatten()
+        if op == "route":
+            assert (rs.cursor[live] == LO_STALE).all()
+            exact = rows
+        else:
+            exact = rows[stale]                   # the stale rows flushed: output from the high copy
+            ops["stale flush"] += len(exact)
+            assert not rs.lo_stale(live).any()
+        ops[op] = ops.get(op, 0) + 1
+        if len(exact):
+            assert rel(y[exact], ye[exact]) < 1e-10, (t, op)
+        assert rel(y, ye) < 2e-2
+    fam.flush(rs)
+    assert not rs.lo_stale().any() and int(rs.cursor.max()) == 0
+    assert rel(rs.hi.data, eager) < 1e-10
+    assert rel(rs.lo.read(torch.arange(SLOTS), F64), eager) < 1e-2     # refreshed: one rounding
+    assert min(ops.values()) >= 3, ops
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_buffer_overflow_and_window_errors(family):
     fam = Family(family, torch.Generator().manual_seed(0))
     rs = fam.alloc(L=4, K=4)

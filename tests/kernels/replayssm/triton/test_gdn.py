@@ -306,25 +306,27 @@ def flush_step_meta(rs, sh, cfg):
                          ids=["f32", "dual-bf16", "dual-fp8", "bf16-state", "shared-fp8"])
 def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd):
     # the small-batch route (EAGER_ROUTE: a flush at every step, no append) folds whatever the
-    # buffer holds first, so steps may switch routes: the reference, told a flush period of 1
-    # for those steps, must agree on outputs, checkpoints and cursors (its buffer rows past the
-    # cursor differ: it appends before it flushes; the kernel route does not append)
+    # buffer holds first, so steps may switch routes: the reference's route semantics (route=True:
+    # every row flushes; dual: the high copy alone, the low copy marked stale, and the next
+    # buffered step flushes it) must agree on outputs, checkpoints and cursor words (its buffer
+    # rows past the cursor differ: it appends before it flushes; the kernel route does not append)
     g = gen(7)
     K = 4
     rs, rr = make_pair(TALL, 4, 6, K, mode, sd, lo, torch.bfloat16, g)
     routes = [True, False, False, True, True, False, False, False, True, True]
-    flushed_pending = 0
+    flushed_pending = stale_flushed = 0
     for step, eager in enumerate(routes):
         idx = random_rows(4, 3, g, pad_p=0.2)
         live = idx[idx >= 0].long()
         x = step_inputs(TALL, 3, torch.bfloat16, g)
         if eager:
-            flushed_pending += int((rr.cursor[live] > 0).sum())
-        rr.flush_period = 1 if eager else K
+            flushed_pending += int((rr.entries(live) > 0).sum())
+        else:
+            stale_flushed += int(rr.lo_stale(live).sum())
+        lo_before = rs.lo.data.clone() if rs.lo is not None else None
         o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]),
                            config={"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": eager})
-        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
-        rr.flush_period = K
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=eager)
         assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step}: {rel_err(o, o_ref):.3g}"
         assert (o[idx < 0] == 0).all()
         assert torch.equal(rs.cursor, rr.cursor), f"{mode} step {step}: cursors"
@@ -332,12 +334,16 @@ def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd):
         if rs.lo is not None:
             ckpt_check(rs.lo, rr.lo, f"{mode} step {step}: lo")
         if eager:
-            assert (rs.cursor[live] == 0).all()
+            assert (rs.entries(live) == 0).all()
+            assert rs.lo_stale(live).all() == (mode == "dual") and rs.routed == (mode == "dual")
+            if mode == "dual":     # the route writes the high copy alone
+                assert torch.equal(rs.lo.data, lo_before)
         for name in ("u", "k", "g", "v", "beta"):   # the buffers as the reference has them
             if getattr(rs, name) is not None:
                 getattr(rs, name).copy_(getattr(rr, name))
         resync(rs, rr)
     assert flushed_pending >= 3, f"only {flushed_pending} rows had entries to fold on the eager route"
+    assert stale_flushed >= 3 or mode != "dual", f"only {stale_flushed} stale low copies refreshed"
 
 
 @pytest.mark.shipped_routes
@@ -352,19 +358,28 @@ def test_eager_route_plan(monkeypatch):
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"], {"EAGER_ROUTE": False})
     assert not TK.takes_eager_route(32, 128, 128, 16, 4)           # batch 32: buffered
     assert TK.takes_eager_route(1, 128, 128, 16, 2)                # 16-bit read copies too
-    assert TK.takes_eager_route(1, 128, 128, 16, 2, dual=True)     # dual at batch 1
-    assert TK.takes_eager_route(4, 128, 128, 16, 2, dual=True)     # ... and 4 (DUAL_ROUTE_BATCH, session 9)
-    assert not TK.takes_eager_route(TK.DUAL_ROUTE_BATCH + 1, 128, 128, 16, 2, dual=True)
+    # dual states route while batch x value heads <= DUAL_ROUTE_HEADS (session 18), on the fp32
+    # table's route row (their high copy), whatever the low copy's width
+    assert TK.DUAL_ROUTE_HEADS == 512
+    for heads, last in ((32, 16), (64, 8)):       # Qwen3.5-4B, Qwen3.5-122B
+        for lo_bytes in (2, 1):
+            assert TK.takes_eager_route(last, 128, 128, 16, lo_bytes, dual=True, heads=heads)
+            assert not TK.takes_eager_route(last + 1, 128, 128, 16, lo_bytes, dual=True, heads=heads)
+        assert TK.pick_config("replay", last, 128, 128, 16, state_bytes=2, dual=True, heads=heads) == \
+            TK.pick_config("replay", 1, 128, 128, 16)
+    with pytest.raises(ValueError, match="needs heads"):
+        TK.takes_eager_route(1, 128, 128, 16, 2, dual=True)
     assert not TK.takes_eager_route(1, 128, 128, 16, 1)            # 8-bit read copies: buffered
     assert TK.takes_eager_route(32, 128, 128, 16, 2)               # bf16 state up to batch 32 (session 17)
     assert not TK.takes_eager_route(33, 128, 128, 16, 2)
-    assert not TK.takes_eager_route(8, 128, 128, 16, 2, dual=True)  # dual from 5 on: buffered
     # the route's tiles: fp32 4 rows x 1 warp under a 56-register budget; 16-bit 4 rows up to batch 4, then 8
     assert {k: TK.pick_config("replay", 8, 128, 128, 16)[k] for k in ("BLOCK_V", "num_warps", "maxnreg")} == \
         {"BLOCK_V": 4, "num_warps": 1, "maxnreg": 56}
     assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2)["BLOCK_V"] for b in (1, 4, 5, 32)] == [4, 4, 8, 8]
     # dual 16-bit reads, buffered: the session-6 row up to batch 8, 4 chunks per program above
-    assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2, dual=True)["NR"] for b in (8, 9, 64)] == [2, 4, 4]
+    assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2, dual=True, heads=64)["NR"]
+            for b in (9, 64)] == [4, 4]
+    assert TK.pick_config("replay", 8, 128, 128, 16, state_bytes=2, dual=True, heads=128)["NR"] == 2
     monkeypatch.setattr(TK, "SMALL_BATCH_ROUTE", False)
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"])
     assert TK.pick_config("replay", 3, 40, 24, 6) == TK.pick_config("replay", 3, 40, 24, 6, {"PREFETCH": True})
@@ -472,19 +487,18 @@ def test_commit_route_plan():
 @pytest.mark.shipped_routes
 @pytest.mark.parametrize("batch", [1, 5])
 def test_small_batches_flush_every_step_by_default(batch):
-    # the shipped table at small batch: outputs as the buffered reference's; checkpoints,
-    # cursors and bytes as the reference's with flush period 1 (entries pending from the
-    # buffered route at the start are folded first)
+    # the shipped table at small batch: outputs, checkpoints, cursors and bytes as the
+    # reference's route semantics (a flush at every step; entries pending from the buffered
+    # route at the start are folded first)
     g = gen(11 + batch)
     K = 4
     rs, rr = make_pair(TALL, batch + 1, 6, K, "replay", "float32", None, torch.bfloat16, g)
     rs.counter, rr.counter = ByteCounter(), ByteCounter()
-    rr.flush_period = 1
     for step in range(6):
         idx = random_rows(batch + 1, batch, g, pad_p=0.2)
         x = step_inputs(TALL, batch, torch.bfloat16, g)
         o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]))
-        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=True)
         assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"step {step}: {rel_err(o, o_ref):.3g}"
         assert torch.equal(rs.cursor, rr.cursor), f"step {step}: cursors"
         ckpt_check(rs.hi, rr.hi, f"step {step}: hi")
@@ -508,16 +522,84 @@ def test_replay_counts_bytes_like_reference():
 
 
 def test_eager_route_counts_bytes_like_a_flush_every_step():
+    # dual: the route writes the high copy alone; the stale low copy's refresh is counted where
+    # it happens (the next buffered step's flush, a verify, a flush)
     g = gen(4)
-    rs, rr = make_pair(TINY, 3, 4, 3, "dual", "float32", "bfloat16", torch.float32, g)
+    rs, rr = make_pair(TINY, 3, 6, 3, "dual", "float32", "bfloat16", torch.float32, g)
     rs.counter, rr.counter = ByteCounter(), ByteCounter()
-    rr.flush_period = 1
-    for _ in range(3):
-        idx = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
+    idx = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
+    for i, route in enumerate((True, True, False, True)):
         x = step_inputs(TINY, 3, torch.float32, g)
-        GD.replay_step(rs, **x, state_indices=idx, config={"EAGER_ROUTE": True})
-        R.gdn_replay_step(rr, **x, state_indices=idx)
+        GD.replay_step(rs, **x, state_indices=idx, config={"EAGER_ROUTE": route})
+        R.gdn_replay_step(rr, **x, state_indices=idx, route=route)
+        assert rs.counter == rr.counter
+        if i == 0:      # two live rows, the high copy alone written
+            assert rs.counter.ckpt_write == 2 * rs.hi.bytes_per_slot()
+    x = step_inputs(TINY, 3, torch.float32, g, T=2)
+    GD.verify(rs, **x, state_indices=idx)
+    R.gdn_verify(rr, **x, state_indices=idx)
     assert rs.counter == rr.counter
+    acc = torch.tensor([1, 0, 2], dtype=torch.int32, device=DEV)
+    GD.commit(rs, acc, idx)
+    R.gdn_commit(rr, acc, idx)
+    x = step_inputs(TINY, 3, torch.float32, g)
+    GD.replay_step(rs, **x, state_indices=idx, config={"EAGER_ROUTE": True})
+    R.gdn_replay_step(rr, **x, state_indices=idx, route=True)
+    GD.flush(rs)
+    R.gdn_flush(rr)
+    assert rs.counter == rr.counter
+
+
+@pytest.mark.parametrize("lo", ["bfloat16", "float8_e4m3"])
+def test_dual_route_low_copy_refreshed_where_needed(lo):
+    # LO_STALE end to end: after eager-route steps (high copy only), a verify refreshes the low
+    # copy before reading it (and clears the bit, in a second launch), a flush
+    # refreshes it, and a buffered step flushes stale rows; the reference agrees on outputs,
+    # both copies and cursor words after every op
+    g = gen(21)
+    T, K, L, slots, batch = 2, 3, 6, 4, 3
+    rs, rr = make_pair(TALL, slots, L, K, "dual", "float32", lo, torch.bfloat16, g)
+
+    def route_step(tag):
+        idx = random_rows(slots, batch, g, pad_p=0.2)
+        x = step_inputs(TALL, batch, torch.bfloat16, g)
+        o = GD.replay_step(rs, **x, state_indices=idx, config={"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": True})
+        assert rel_err(o, R.gdn_replay_step(rr, **x, state_indices=idx, route=True)) <= out_tol(torch.bfloat16)
+        for name in ("u", "k", "g", "v", "beta"):   # rows past the cursor: the reference appended there
+            getattr(rs, name).copy_(getattr(rr, name))
+        state_check(rs, rr, tag)
+        return idx
+
+    for rnd in range(3):
+        idx = route_step(f"route {rnd}")
+        live = idx[idx >= 0].long()
+        assert rs.lo_stale(live).all() and rs.routed
+        lo_stale_data = rs.lo.data.clone()
+        x = step_inputs(TALL, batch, torch.bfloat16, g, T=T)
+        o = GD.verify(rs, **x, state_indices=idx)
+        assert rel_err(o, R.gdn_verify(rr, **x, state_indices=idx)) <= out_tol(torch.bfloat16), f"verify {rnd}"
+        assert not torch.equal(rs.lo.data[live], lo_stale_data[live]), "verify read a stale low copy"
+        assert not rs.lo_stale().any()          # refreshed, the bit cleared
+        state_check(rs, rr, f"verify {rnd}")
+        acc = torch.randint(0, T + 1, (batch,), generator=g).to(DEV)
+        GD.commit(rs, acc, idx)
+        R.gdn_commit(rr, acc, idx)
+        assert not rs.lo_stale().any()
+        state_check(rs, rr, f"commit {rnd}")
+    idx = route_step("route before flush")
+    GD.flush(rs)
+    R.gdn_flush(rr)
+    assert not rs.lo_stale().any() and (rs.entries() == 0).all()
+    state_check(rs, rr, "flush")
+    idx = route_step("route before a buffered step")
+    for split in (False, True):     # fused: the replay kernel's dual flush; SPLIT: the flush-step launch
+        x = step_inputs(TALL, batch, torch.bfloat16, g)
+        o = GD.replay_step(rs, **x, state_indices=idx, config={"SPLIT": split, "EAGER_ROUTE": False})
+        assert rel_err(o, R.gdn_replay_step(rr, **x, state_indices=idx)) <= out_tol(torch.bfloat16)
+        assert not rs.lo_stale().any() and (rs.entries(idx[idx >= 0].long()) == 0).all()   # flushed
+        state_check(rs, rr, f"buffered split={split}")
+        if not split:
+            idx = route_step("route before a split step")
 
 
 def test_reference_backend_dispatch():
@@ -704,6 +786,8 @@ for b in (1, 256):
     if b > 1:   # Qwen3.5-4B's 32 value heads: the balanced fold
         half = GDNReplayState.allocate(8, Hk, 32, dk, dv, 20, 16, device=M)
         res[f"commit balanced b{b} launch 1"] = G.plan_commit(half, acc, None)[1]
+    for j, p in enumerate(G.plan_refresh_lo(rs("dual", "float8_e4m3"), None, b)):   # a routed dual state's verify
+        res[f"refresh lo b{b} launch {j}"] = p
     iv6 = x(b, 6)
     res[f"verify T6 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 22), **iv6, state_indices=None, scale=.1, o=iv6["v"])
     iv8 = x(b, 8)
@@ -812,6 +896,53 @@ def test_cuda_graph_replay_steps(mode, lo):
         o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
         assert rel_err(out, o_ref) <= TOL_BF16_OUT, f"step {step}"
         state_check(rs, rr, f"graph step {step}")
+
+
+@cuda_only
+def test_cuda_graph_dual_route_and_buffered_steps():
+    """A dual bf16 state at Qwen3.5-4B's dims driven by two captured steps over overlapping
+    slots: the shipped eager route at batch 2 (high copy only, low copy marked stale) and the
+    buffered SPLIT step at batch 24, replayed 64 times in a random order: the buffered step
+    flushes the rows the route left stale, all on the device. Checked against the reference's
+    route semantics after every replay."""
+    from replayssm.triton import gdn as TK
+    sh, K, slots = QWEN["qwen3.5-4b"], 8, 28
+    g = gen(13)
+    rs, rr = make_pair(sh, slots, K, K, "dual", "float32", "bfloat16", torch.bfloat16, g)
+    perm = torch.randperm(slots, generator=g).to(device=DEV, dtype=torch.int32)
+    idx = {2: perm[:2].clone(), 24: perm[:24].clone()}       # the small batch's slots are in the large one
+    idx[24][5] = -1
+    static = {b: step_inputs(sh, b, torch.bfloat16, g) for b in idx}
+    assert TK.state_takes_eager_route(rs, static[2]["k"], static[2]["v"])
+    assert not TK.state_takes_eager_route(rs, static[24]["k"], static[24]["v"])
+    out = {b: torch.empty_like(static[b]["v"]) for b in idx}
+    graphs = {}
+    for b in idx:
+        scratch = copy.deepcopy(rs)
+        GD.replay_step(scratch, **static[b], state_indices=idx[b], out=out[b])    # compile outside the graph
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        graphs[b] = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s), torch.cuda.graph(graphs[b], stream=s):
+            GD.replay_step(rs, **static[b], state_indices=idx[b], out=out[b])
+        torch.cuda.current_stream().wait_stream(s)
+    order = [2 if r < 0.5 else 24 for r in torch.rand(64, generator=g).tolist()]
+    stale_flushed = 0
+    for t, b in enumerate(order):
+        x = step_inputs(sh, b, torch.bfloat16, g)
+        for k_, v_ in x.items():
+            static[b][k_].copy_(v_)
+        out[b].fill_(float("nan"))
+        live = idx[b][idx[b] >= 0].long()
+        stale_flushed += int(rr.lo_stale(live).sum()) if b == 24 else 0
+        graphs[b].replay()
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx[b], route=b == 2)
+        assert rel_err(out[b], o_ref) <= TOL_BF16_OUT, f"graph step {t} (batch {b})"
+        if b == 2:      # rows past the cursor: the reference appended there, the route does not
+            for name in ("u", "k", "g", "v", "beta"):
+                getattr(rs, name).copy_(getattr(rr, name))
+        state_check(rs, rr, f"graph step {t} (batch {b})")
+    assert stale_flushed >= 4, stale_flushed
 
 
 @cuda_only

@@ -73,7 +73,7 @@ def state_check(rs, rr, what: str) -> None:
     ckpt_check(rs.hi, rr.hi, f"{what}: hi")
     if rs.lo is not None:
         ckpt_check(rs.lo, rr.lo, f"{what}: lo")
-    valid = torch.arange(rs.capacity, device=rs.cursor.device)[None, :] < rs.cursor[:, None].long()   # [S, L]
+    valid = torch.arange(rs.capacity, device=rs.cursor.device)[None, :] < rs.entries()[:, None]   # [S, L]
     assert torch.equal(rs.x[valid], rr.x[valid]), f"{what}: buffer x"
     assert torch.equal(rs.B[valid], rr.B[valid]), f"{what}: buffer B"
     if valid.any():
@@ -292,6 +292,11 @@ def test_replay_variants(device, variant, monkeypatch):
     g = gen(45)
     rs, rr = make_pair(TINY, 7, 4, 3, "dual", "float32", "float8_e4m3", torch.float32, g)
     idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
+    if variant[0] == "split":   # the ticket's cursor move hides a stale low copy's flush from the flush launch
+        inp = step_inputs(TINY, 4, torch.float32, g)
+        with pytest.raises(ValueError, match="split"):
+            M.replay_step(rs, **inp, **params(TINY, g), state_indices=idx)
+        rs, rr = make_pair(TINY, 7, 4, 3, "shared-low", "float32", "float8_e4m3", torch.float32, g)
     assert run_steps(rs, rr, TINY, idx, 4, torch.float32, g, what=variant[0]) >= 3
     p = params(TINY, g)
     inp = step_inputs(TINY, 4, torch.float32, g)
@@ -344,8 +349,9 @@ def test_replay_fold_cols_checked(monkeypatch):
                          ids=["f32", "f32-bf16-act", "dual-bf16", "dual-fp8", "shared-bf16"])
 def test_eager_route_mixes_with_the_buffered_route(device, mode, sd, lo, act, monkeypatch):
     """The small-batch route (route "eager": a flush at every step, pending entries folded
-    first, nothing appended) alternating with the buffered route step by step: the reference,
-    told a flush period of 1 on the eager steps, agrees on outputs, checkpoints and cursors."""
+    first, nothing appended; dual: the high copy alone, the low copy marked stale, and the next
+    buffered step flushes it) alternating with the buffered route step by step: the reference's
+    route semantics (route=True) agree on outputs, checkpoints, cursor words and bytes."""
     from replayssm.triton import mamba2 as tk
     shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
     g = gen(47)
@@ -355,25 +361,29 @@ def test_eager_route_mixes_with_the_buffered_route(device, mode, sd, lo, act, mo
     p = params(shape, g)
     idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
     live = idx[idx >= 0].long()
-    pending = 0
+    pending = stale_flushed = 0
     for step, eager in enumerate([True, False, False, True, True, False, False, False, True]):
         monkeypatch.setitem(tk.OVERRIDE, "replay", dict(route="eager", block_p=4, warps=1) if eager else {})
         inp = step_inputs(shape, 4, act, g)
         if eager:
-            pending += int((rr.cursor[live] > 0).sum())
-        rr.flush_period = 1 if eager else K
+            pending += int((rr.entries(live) > 0).sum())
+        else:
+            stale_flushed += int(rr.lo_stale(live).sum())
+        lo_before = rs.lo.data.clone() if rs.lo is not None else None
         y = M.replay_step(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
-        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx)
-        rr.flush_period = K
+        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx, route=eager)
         assert rel_err(y, yr) <= out_tol(act), f"{mode} step {step}: {rel_err(y, yr):.3g}"
         assert (y[idx < 0] == 0).all()
         state_check(rs, rr, f"{mode} step {step}")
         if eager:
-            assert (rs.cursor[live] == 0).all()
-            assert tk.takes_eager_route(shape.head_dim, rs.read_ckpt.data.element_size(), 4, shape.nheads)
+            assert (rs.entries(live) == 0).all() and rs.lo_stale(live).all() == (mode == "dual")
+            assert tk.state_takes_eager_route(rs, inp["x"]) and rs.routed == (mode == "dual")
+            if mode == "dual":     # the route writes the high copy alone
+                assert torch.equal(rs.lo.data, lo_before)
         resync(rs, rr)
     assert rs.counter == rr.counter
     assert pending >= 3, f"only {pending} rows had entries to fold on the eager route"
+    assert stale_flushed >= 3 or mode != "dual", f"only {stale_flushed} stale low copies refreshed"
 
 
 @pytest.mark.shipped_routes
@@ -382,9 +392,10 @@ def test_launch_tables_at_the_real_head_dims():
     of 32 (Super's 64), else 8 x 1 (Nano's 80); bf16 eager 8 rows x 1 warp in the small bucket,
     16 x 1 in the large one (whole-head tiles before)."""
     from replayssm.triton import mamba2 as tk
-    route = lambda P: tk.replay_variant(P, 4, 2, 128)                                # noqa: E731
+    route = lambda P, rb=4, dual=False: tk.replay_variant(P, rb, 2, 128, dual)    # noqa: E731
     assert (route(64)["block_p"], route(64)["warps"], route(64)["route"]) == (32, 8, "eager")
     assert (route(80)["block_p"], route(80)["warps"], route(80)["route"]) == (8, 1, "eager")
+    assert route(64, 2, True) == route(64) and route(80, 1, True) == route(80)    # dual: the fp32 route
     assert tk.launch_config("eager", 80, 2, 8, 64) == (8, 1, 1)
     for P in (64, 80):
         assert tk.launch_config("eager", P, 2, 256, 128) == (16, 1, 1)
@@ -395,9 +406,9 @@ def test_launch_tables_at_the_real_head_dims():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
-    """The shipped table at batch <= ROUTE_BATCH[4] (fp32): the eager route, i.e. outputs as the
-    buffered reference's and checkpoints, cursors and bytes as the reference's with flush period
-    1 (entries pending at the start are folded first). Batch 4 (with a padded row) runs with
+    """The shipped table at batch <= ROUTE_BATCH[4] (fp32): the eager route, i.e. outputs,
+    checkpoints, cursors and bytes as the reference's route semantics (a flush at every step;
+    entries pending at the start are folded first). Batch 4 (with a padded row) runs with
     ROUTE_BATCH[4] raised to 4; by default it buffers. With SMALL_BATCH_ROUTE off: buffered."""
     from replayssm.triton import mamba2 as tk
     shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
@@ -406,7 +417,11 @@ def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
     assert tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
     assert not tk.takes_eager_route(shape.head_dim, 4, tk.SMALL_PROGRAMS // shape.nheads, shape.nheads)   # large
     assert tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads)         # bf16 reads too
-    assert not tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads, dual=True)   # dual: buffered
+    for lo_bytes in (2, 1):     # dual: routed as its fp32 high copy (session 18)
+        assert tk.takes_eager_route(shape.head_dim, lo_bytes, batch, shape.nheads, dual=True)
+        assert not tk.takes_eager_route(shape.head_dim, lo_bytes, tk.ROUTE_BATCH[4] + 1, shape.nheads, dual=True)
+        assert tk.replay_variant(shape.head_dim, lo_bytes, batch, shape.nheads, dual=True) == \
+            tk.replay_variant(shape.head_dim, 4, batch, shape.nheads)
     assert not tk.takes_eager_route(shape.head_dim, 1, batch, shape.nheads)     # fp8 reads: buffered
     g = gen(53 + batch)
     K = 4
@@ -415,11 +430,10 @@ def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
     p = params(shape, g)
     idx = torch.tensor(IDX4[:batch] if batch < 4 else IDX4, dtype=torch.int32, device=device)
     live = idx[idx >= 0].long()
-    rr.flush_period = 1
     for step in range(5):
         inp = step_inputs(shape, batch, torch.bfloat16, g)
         y = M.replay_step(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
-        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx)
+        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx, route=True)
         assert rel_err(y, yr) <= out_tol(torch.bfloat16), f"step {step}: {rel_err(y, yr):.3g}"
         state_check(rs, rr, f"step {step}")
         assert (rs.cursor[live] == 0).all()
@@ -447,6 +461,66 @@ def test_flush(device, mode, lo):
     R.mamba2_flush(rr, A)
     state_check(rs, rr, "flush(all)")
     assert (rs.cursor == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lo", ["bfloat16", "float8_e4m3"])
+def test_dual_route_low_copy_refreshed_where_needed(device, lo, monkeypatch):
+    """LO_STALE end to end: after eager-route steps (high copy only), a verify refreshes the low
+    copy before reading it (and clears the bit, in a second launch), a flush
+    refreshes it, and a buffered step flushes stale rows (fused with the ticket, fused with the
+    cursor pass, split with the cursor pass); the reference agrees after every op."""
+    from replayssm.triton import mamba2 as tk
+    T, K, slots, batch = 2, 3, 6, 4
+    g = gen(66)
+    rs, rr = make_pair(TINY, slots, K + T, K, "dual", "float32", lo, torch.bfloat16, g)
+    p = params(TINY, g)
+    idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
+    live = idx[idx >= 0].long()
+
+    def route_step(tag):
+        monkeypatch.setitem(tk.OVERRIDE, "replay", dict(route="eager", block_p=4, warps=1))
+        inp = step_inputs(TINY, batch, torch.bfloat16, g)
+        y = M.replay_step(rs, **inp, **p, state_indices=idx)
+        assert rel_err(y, R.mamba2_replay_step(rr, **inp, **p, state_indices=idx, route=True)) <= \
+            out_tol(torch.bfloat16), tag
+        state_check(rs, rr, tag)
+        assert rs.lo_stale(live).all() and rs.routed
+        resync(rs, rr)
+        monkeypatch.setitem(tk.OVERRIDE, "replay", {})
+
+    for rnd in range(3):
+        route_step(f"route {rnd}")
+        lo_stale_data = rs.lo.data.clone()
+        inp = step_inputs(TINY, batch, torch.bfloat16, g, T=T)
+        y = M.verify(rs, **inp, **p, state_indices=idx)
+        assert rel_err(y, R.mamba2_verify(rr, **inp, **p, state_indices=idx)) <= out_tol(torch.bfloat16), rnd
+        assert not torch.equal(rs.lo.data[live], lo_stale_data[live]), "verify read a stale low copy"
+        assert not rs.lo_stale().any()          # refreshed, the bit cleared
+        state_check(rs, rr, f"verify {rnd}")
+        resync(rs, rr)
+        acc = torch.randint(0, T + 1, (batch,), generator=g).to(device=device, dtype=torch.int32)
+        M.commit(rs, p["A"], acc, state_indices=idx)
+        R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
+        assert not rs.lo_stale().any()
+        state_check(rs, rr, f"commit {rnd}")
+        resync(rs, rr)
+    route_step("route before flush")
+    M.flush(rs, p["A"])
+    R.mamba2_flush(rr, p["A"])
+    assert not rs.lo_stale().any() and (rs.entries() == 0).all()
+    state_check(rs, rr, "flush")
+    resync(rs, rr)
+    for name, v in (("fused-ticket", {}), ("fused-pass", dict(ticket=False)),
+                    ("split-pass", dict(route="split", ticket=False))):
+        route_step(f"route before {name}")
+        monkeypatch.setitem(tk.OVERRIDE, "replay", v)
+        inp = step_inputs(TINY, batch, torch.bfloat16, g)
+        y = M.replay_step(rs, **inp, **p, state_indices=idx)
+        assert rel_err(y, R.mamba2_replay_step(rr, **inp, **p, state_indices=idx)) <= out_tol(torch.bfloat16), name
+        assert not rs.lo_stale().any() and (rs.entries(live) == 0).all(), f"{name}: stale rows flushed"
+        state_check(rs, rr, name)
+        resync(rs, rr)
 
 
 SPEC_CASES = [
@@ -684,6 +758,49 @@ def test_cuda_graph_replay(mode, lo):
 
 
 @cuda_only
+def test_cuda_graph_dual_route_and_buffered_steps():
+    """A dual bf16 state at Nano's dims driven by two captured steps over overlapping slots: the
+    shipped eager route at batch 2 (high copy only, low copy marked stale) and the buffered step
+    at batch 24 (the large bucket's lean kernel and cursor pass), replayed 64 times in a random
+    order: the buffered step flushes the rows the route left stale, all on the device. Checked
+    against the reference's route semantics after every replay."""
+    from replayssm.triton import mamba2 as tk
+    shape = MODEL_DIMS["nemotron-3-nano-4b"]
+    K, L, slots = 8, 8, 28
+    g = gen(82)
+    p = params(shape, g)
+    rs, rr = make_pair(shape, slots, L, K, "dual", "float32", "bfloat16", torch.float32, g)
+    perm = torch.randperm(slots, generator=g).to(device=DEV, dtype=torch.int32)
+    idx = {2: perm[:2].clone(), 24: perm[:24].clone()}       # the small batch's slots are in the large one
+    idx[24][5] = -1
+    assert tk.state_takes_eager_route(rs, torch.empty(2, shape.nheads, shape.head_dim))
+    assert not tk.state_takes_eager_route(rs, torch.empty(24, shape.nheads, shape.head_dim))
+    static = {b: step_inputs(shape, b, torch.float32, g) for b in idx}
+    out = {b: torch.empty_like(static[b]["x"]) for b in idx}
+    graphs = {}
+    for b in idx:
+        scratch = copy.deepcopy(rs)
+        graphs[b] = _graph(lambda: M.replay_step(scratch, **static[b], **p, state_indices=idx[b], out=out[b]))
+        with torch.cuda.graph(graphs[b]):
+            M.replay_step(rs, **static[b], **p, state_indices=idx[b], out=out[b])
+    order = [2 if r < 0.5 else 24 for r in torch.rand(64, generator=g).tolist()]
+    stale_flushed = 0
+    for t, b in enumerate(order):
+        new = step_inputs(shape, b, torch.float32, g)
+        for k, v in new.items():
+            static[b][k].copy_(v)
+        out[b].fill_(float("nan"))
+        live = idx[b][idx[b] >= 0].long()
+        stale_flushed += int(rr.lo_stale(live).sum()) if b == 24 else 0
+        graphs[b].replay()
+        yr = R.mamba2_replay_step(rr, **new, **p, state_indices=idx[b], route=b == 2)
+        assert rel_err(out[b], yr) <= TOL_F32, f"graph step {t} (batch {b})"
+        state_check(rs, rr, f"graph step {t} (batch {b})")
+        resync(rs, rr)
+    assert stale_flushed >= 4, stale_flushed
+
+
+@cuda_only
 def test_cuda_graph_eager():
     shape = MODEL_DIMS["nemotron-3-nano-4b"]
     batch = 16
@@ -779,6 +896,7 @@ plans = {
     "verify T4 dual fp8": tk.plan_verify(rs("dual", "float8_e4m3", K=16, L=20), **inp(torch.bfloat16, T=4), **p,
                                          state_indices=idx)[0],
 }
+plans["refresh lo dual fp8"] = tk.plan_refresh_lo(rs("dual", "float8_e4m3"), idx, b)   # a routed dual state's verify
 # Nemotron-3-Super-120B (64-row heads: whole-head programs)
 sh = I.Mamba2Shape(128, 64, 128, 8)
 p = {k: v.to(dev) for k, v in I.mamba2_params(sh).items()}
