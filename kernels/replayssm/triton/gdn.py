@@ -100,18 +100,21 @@ CONFIGS: dict[str, list[tuple]] = {
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
                  (64, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True}),
                  (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
-    # 16-bit read copies (bf16 state; dual fp32 + bf16 up to DUAL_ROUTE_BATCH): the eager route,
-    # 4 rows x 1 warp up to batch 4 (dual: Qwen3.5-122B / Qwen3.5-4B b1 4.5 / 3.3 us vs 4.8 / 3.5 at
-    # 8 x 1), 8 x 1 up to batch 32 (bf16 b8 11.5 / 6.7 vs 11.9 / 7.0; tune_gdn_s17b.txt). bf16
-    # state at batch 16 / 32 (tune_gdn_s17a.txt, _s17c.txt), routed vs the best buffered row:
-    # Qwen3.5-122B 20.1 / 37.8 us vs 23.1 / 40.9, Qwen3.5-4B 11.4 / 20.1 vs 16.9 / 23.1 (our bf16
-    # eager 18.8 / 35.1 and 10.6 / 18.9; the route holds 127 registers to eager's 64, and a form
-    # with 80 ran slower: docs/kernels.md, session 17).
+    # 16-bit read copies (bf16 state; dual states route on the fp32 row above): the eager route,
+    # 4 rows x 1 warp up to batch 4, 8 x 1 up to batch 32 (bf16 b8 11.5 / 6.7 vs 11.9 / 7.0;
+    # tune_gdn_s17b.txt). bf16 state at batch 16 / 32 (tune_gdn_s17a.txt, _s17c.txt), routed vs
+    # the best buffered row: Qwen3.5-122B 20.1 / 37.8 us vs 23.1 / 40.9, Qwen3.5-4B 11.4 / 20.1 vs
+    # 16.9 / 23.1. PENDING_CALL (session 18): the rare path as a call (_route_pending), 95
+    # registers instead of 127 with no spill, the 8 x 1 route as fast as our bf16 eager
+    # (tune_gdn_s18a_*.txt, session 17's kernel / this one / eager: Qwen3.5-122B b8 11.5 / 10.6 /
+    # 10.7 us, b32 38.1 / 35.5 / 35.4; Qwen3.5-4B b8 6.7 / 6.5 / 6.4, b32 20.4 / 18.9 / 19.1). At
+    # 4 x 1 the call ran slower (b8 12.4 vs 12.0 and 7.5 vs 7.0), and fp32 rows keep the inline
+    # path, spill-free under their 56-register budget.
     # Buffered, batch 5-8: the session-6 row; 9-64: 4 chunks per program without the early buffer
     # reads, dual bf16 b16 / b32 Qwen3.5-122B 27.3 / 52.2 us vs 32.8 / 57.1, Qwen3.5-4B 21.9 / 27.0
     # vs 22.5 / 33.1 (at b8 it lost: Qwen3.5-4B 16.2 vs 14.7, tune_gdn_s16_small16.txt)
     "replay:2": [(4, 4, 1, {"EAGER_ROUTE": True}),
-                 (32, 8, 1, {"EAGER_ROUTE": True}),
+                 (32, 8, 1, {"EAGER_ROUTE": True, "PENDING_CALL": True}),
                  (4, 8, 1, {"PREFETCH": True}),
                  (8, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (64, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True}),
@@ -386,6 +389,7 @@ def _gdn_replay_eager_kernel(
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    PENDING_CALL: tl.constexpr = False,
 ):
     """The replay step's eager route (EAGER_ROUTE, a small-batch route): a flush at every step,
     with eager's traffic and latency. One [BLOCK_V, dk] tile of the HIGH checkpoint per program.
@@ -399,7 +403,8 @@ def _gdn_replay_eager_kernel(
     then the program counts itself in with a ticket (cursor high bits); the last program resets
     the cursor to 0 (dual: LO_STALE). Every program has read n before that (it reads before its
     own ticket), so all agree on n. The steady state (n = 0) is computed ahead of the branch on
-    n and the rare path redoes it from a second read of the tile (see the comment in the body).
+    n and the rare path redoes it from a second read of the tile (see the comment in the body);
+    PENDING_CALL: the rare path is a call (_route_pending), which holds fewer registers.
     Nothing is appended and, at n = 0, no atomic happens: the state stays consistent for steps
     of either route."""
     pid_v = tl.program_id(0)
@@ -434,19 +439,61 @@ def _gdn_replay_eager_kernel(
         if n > 0:
             # pending entries (rare: after a route switch): the step again, from the tile as
             # stored (nothing is written before this branch) with the entries folded in first
-            S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
-            S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
-                      HV, HK, DK, DV, L, DUAL, EPS)
-            S, o = _eager_update(S, kn, qn, vv, alpha, bt)
-            _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP)
-            old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
-            if (old >> 16) == nprog - 1:
-                tl.atomic_xchg(cur_ptr + slot64, _LO_STALE if DUAL else 0, sem="relaxed")
+            if PENDING_CALL:
+                _route_pending(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, hi_ptr, hi_sc_ptr, cur_ptr,
+                               ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb,
+                               sbh, sob, soh, scale, nprog, pid_v, h, b, slot64, n,
+                               HV, HK, DK, DV, L, BLOCK_V, BLOCK_K, HI_FP8, DUAL, INTERP, EPS)
+            else:   # inline, the steady path's inputs reused (fp32 tiles: spill-free under 56 registers)
+                S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+                S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+                          HV, HK, DK, DV, L, DUAL, EPS)
+                S, o = _eager_update(S, kn, qn, vv, alpha, bt)
+                _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP)
+                _route_ticket(cur_ptr, slot64, nprog, DUAL)
         else:
             _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP)
             if DUAL:
                 if word == 0:
                     tl.store(cur_ptr + slot64, _LO_STALE)
+
+
+@triton.jit(noinline=True)
+def _route_pending(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, hi_ptr, hi_sc_ptr, cur_ptr,
+                   ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh,
+                   sob, soh, scale, nprog, pid_v, h, b, slot64, n,
+                   HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+                   BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, HI_FP8: tl.constexpr, DUAL: tl.constexpr,
+                   INTERP: tl.constexpr, EPS: tl.constexpr):
+    """The eager route's rare path (n > 0 pending entries) as a call (PENDING_CALL): the tile
+    re-read, the entries folded (_fold), the inputs re-read, the step, the writes and the
+    cursor ticket. Scalar arguments only (noinline): no tile of the steady path is live across
+    it. sm_90, bf16 state, 8 rows x 1 warp: 95 registers instead of the inline form's 127."""
+    kh = h // (HV // HK)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < DV
+    cols = tl.arange(0, BLOCK_K)
+    cmask = cols < DK
+    row_off = (slot64 * HV + h) * DV + rows
+    tile = row_off[:, None] * DK + cols[None, :]
+    mask2 = rmask[:, None] & cmask[None, :]
+    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+    S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+              HV, HK, DK, DV, L, DUAL, EPS)
+    kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
+                                          cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+    S, o = _eager_update(S, kn, qn, vv, alpha, bt)
+    _route_store(hi_ptr, hi_sc_ptr, o_ptr + b * sob + h * soh + rows, tile, row_off, S, o, mask2, rmask, HI_FP8,
+                 INTERP)
+    _route_ticket(cur_ptr, slot64, nprog, DUAL)
+
+
+@triton.jit
+def _route_ticket(cur_ptr, slot64, nprog, DUAL: tl.constexpr):
+    """The rare path's cursor move: a ticket each; the last program stores 0 (dual: LO_STALE)."""
+    old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
+    if (old >> 16) == nprog - 1:
+        tl.atomic_xchg(cur_ptr + slot64, _LO_STALE if DUAL else 0, sem="relaxed")
 
 
 @triton.jit
@@ -1804,7 +1851,8 @@ def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scal
     rs.routed = rs.routed or dual     # its low copies may go stale: verify refreshes them first
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), ck[0], rs.cursor,
             *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv, *ck[1:], *buf]
-    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual, **ck_meta)
+    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual,
+                        PENDING_CALL=bool(cfg.get("PENDING_CALL", False)), **ck_meta)
     _launch_options(meta, cfg)
     return _gdn_replay_eager_kernel, grid, args, meta
 

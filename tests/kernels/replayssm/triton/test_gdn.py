@@ -324,8 +324,9 @@ def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd):
         else:
             stale_flushed += int(rr.lo_stale(live).sum())
         lo_before = rs.lo.data.clone() if rs.lo is not None else None
+        # the rare path inline, or as a call (PENDING_CALL: the 16-bit table row's form)
         o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]),
-                           config={"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": eager})
+                           config={"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": eager, "PENDING_CALL": step % 2 == 0})
         o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=eager)
         assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step}: {rel_err(o, o_ref):.3g}"
         assert (o[idx < 0] == 0).all()
@@ -370,6 +371,9 @@ def test_eager_route_plan(monkeypatch):
     with pytest.raises(ValueError, match="needs heads"):
         TK.takes_eager_route(1, 128, 128, 16, 2, dual=True)
     assert not TK.takes_eager_route(1, 128, 128, 16, 1)            # 8-bit read copies: buffered
+    # the 16-bit 8 x 1 route row calls its rare path (session 18); the 4 x 1 and fp32 rows inline it
+    assert [bool(TK.pick_config("replay", b, 128, 128, 16, state_bytes=sb).get("PENDING_CALL"))
+            for b, sb in ((4, 2), (8, 2), (32, 2), (8, 4))] == [False, True, True, False]
     assert TK.takes_eager_route(32, 128, 128, 16, 2)               # bf16 state up to batch 32 (session 17)
     assert not TK.takes_eager_route(33, 128, 128, 16, 2)
     # the route's tiles: fp32 4 rows x 1 warp under a 56-register budget; 16-bit 4 rows up to batch 4, then 8
@@ -756,6 +760,10 @@ for b in (1, 256):
     if b > 1:   # the large-batch table: SPLIT routes, 16- and 8-bit read copies
         modes += [("replay", None, "bfloat16"), ("dual", "bfloat16", "float32"),
                   ("shared-low", "float8_e4m3", "float32")]
+    if b == 1:   # bf16 state, batch 16: the 8 x 1 route with its rare path as a call (PENDING_CALL)
+        i16 = x(16)
+        res["replay bf16 route b16"] = G.plan_replay(rs("replay", sd="bfloat16"), **i16, state_indices=None, scale=.1,
+                                                     o=i16["v"])[0]
     for mode, lo, sd in modes:
         for j, p in enumerate(G.plan_replay(rs(mode, lo, sd=sd), **i, state_indices=None, scale=.1, o=i["v"])):
             res[f"replay {mode} {lo or sd} b{b} launch {j}"] = p
