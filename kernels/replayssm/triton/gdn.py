@@ -883,17 +883,21 @@ def _stored_entry(F, wrun, i, n, slot64, h, kh, rr, rm, cols, cmask, ub_ptr, kb_
 
 @triton.jit
 def _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w, writer, NW: tl.constexpr,
-                   BLOCK_B: tl.constexpr):
+                   BLOCK_B: tl.constexpr, STALE: tl.constexpr):
     """The flushing rows of a SPLIT replay step, from nxt[b] = the cursor word row b had (-1:
     padded; this step's entry is at n = its count): rows with n + 1 >= K or a stale low copy
     (LO_STALE) flush, ranked in batch order. The programs with `writer` set (one per worker)
     write the cursors of rows b % NW == w: 0 after a flush, else n + 1. Returns (bb, nb, fl,
     rank) over the BLOCK_B rows (nb: the counts, -1 padded) and this worker's count of ranks
-    w, w + NW, ..."""
+    w, w + NW, ... STALE: a dual state (other states' words carry no LO_STALE bit)."""
     bb = tl.arange(0, BLOCK_B)
     word = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
-    nb = tl.where(word >= 0, word & _CUR_MASK, -1)
-    fl = (nb >= 0) & ((nb + 1 >= flush_period) | ((word & _LO_STALE) != 0))
+    if STALE:
+        nb = tl.where(word >= 0, word & _CUR_MASK, -1)
+        fl = (nb >= 0) & ((nb + 1 >= flush_period) | ((word & _LO_STALE) != 0))
+    else:
+        nb = word
+        fl = (nb >= 0) & (nb + 1 >= flush_period)
     rank = tl.cumsum(fl.to(tl.int32), 0) - 1
     if writer:
         mine = (nb >= 0) & (bb % NW == w)
@@ -1010,7 +1014,7 @@ def _gdn_flush_step_kernel(
         n_mine = (tl.load(nxt_ptr + batch) - w + NW - 1) // NW       # this worker's ranks w, w + NW, ...
     else:   # (the rank-1 path below does not use n_mine)
         bb, nb, fl, rank, n_mine = _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w,
-                                                  (pid0 == 0) & (kh == 0), NW, BLOCK_B)
+                                                  (pid0 == 0) & (kh == 0), NW, BLOCK_B, DUAL)
     for t in range(NT):
         if COMPACT:
             key = n_mine * 0 - 1
@@ -1285,8 +1289,10 @@ def _gdn_fold_kernel(
         if HAS_ADD:
             n = n + tl.load(add_ptr + b).to(tl.int32)
             do_fold = n >= threshold
-        else:
+        elif DUAL:
             do_fold = (n >= threshold) | ((old & _LO_STALE) != 0)
+        else:
+            do_fold = n >= threshold
         if last:
             tl.atomic_xchg(cur_ptr + slot64, tl.where(do_fold, 0, n), sem="relaxed")
         if do_fold:
@@ -1349,7 +1355,7 @@ def _gdn_dual_2pass_kernel(
         n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
     else:
         bb, nb, fl, rank, n_mine = _scan_flushing(lst_ptr, idx_ptr, cur_ptr, batch, flush_period, w, pid1 == 0,
-                                                  NW, BLOCK_B)
+                                                  NW, BLOCK_B, True)
     for t in range(NT):
         if t < n_mine:
             if COMPACT:

@@ -481,9 +481,11 @@ def _eager_kernel(
 
 # ----------------------------------------------------------------------------- replay step
 @triton.jit
-def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr):
+def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr, STALE: tl.constexpr):
     """This program's view of cursor[slot]: (n, stale), (0, False) for a padded row; stale:
-    the LO_STALE bit (a dual state's low copy is stale, so the step flushes).
+    the LO_STALE bit (a dual state's low copy is stale, so the step flushes). STALE: a dual
+    state, whose word may carry the bit; other states' never does, and their code reads the
+    count as it is (the same instructions as before the bit existed: no cost on their path).
 
     TICKET: every program of the sequence reads the cursor with one relaxed
     atomic_add(cursor, 1 << 16) (low 16 bits: the cursor word; high bits: programs that have
@@ -493,13 +495,19 @@ def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr):
     _cursor_kernel launch, or the caller's advance_cursors, moves it later)."""
     if TICKET:
         t = tl.atomic_add(cur_ptr + slot, 65536, mask=live, sem="relaxed")
+        n = tl.where(live, t & (_CUR_MASK if STALE else 65535), 0)
         last = live & ((t >> 16) == NPROG - 1)
     else:
         t = tl.load(cur_ptr + slot, mask=live, other=0)
-    n = tl.where(live, t & _CUR_MASK, 0)
-    stale = live & ((t & _LO_STALE) != 0)
+        n = t & _CUR_MASK if STALE else t
+    if STALE:
+        stale = live & ((t & _LO_STALE) != 0)
+        new = tl.where((n + 1 >= K) | stale, 0, n + 1)
+    else:
+        stale = n < 0       # (always False; non-dual callers do not use it)
+        new = tl.where(n + 1 >= K, 0, n + 1)
     if TICKET:
-        tl.atomic_xchg(cur_ptr + slot, tl.where((n + 1 >= K) | stale, 0, n + 1), mask=last, sem="relaxed")
+        tl.atomic_xchg(cur_ptr + slot, new, mask=last, sem="relaxed")
     return n, stale
 
 
@@ -567,7 +575,7 @@ def _replay_step_kernel(
     Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0)
     Bn_raw = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0)
     x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
-    n, stale = _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET)
+    n, stale = _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET, HAS_LO)
     mask_l = (offs_l < n) & live
     dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0)
     if PRELOAD:
@@ -586,8 +594,10 @@ def _replay_step_kernel(
     Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
     Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
     x_buf = cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # entry n as stored
-    if FUSED:   # a stale low copy (LO_STALE, dual) is not read: the step flushes, refreshing it
-        do_fold = (n + 1 >= K) | stale
+    if FUSED:
+        do_fold = n + 1 >= K
+        if HAS_LO:  # a stale low copy (LO_STALE) is not read: the step flushes, refreshing it
+            do_fold = do_fold | stale
     else:
         do_fold = False
     # One branch per program (the decision is per sequence). Without PRELOAD each branch
@@ -702,12 +712,15 @@ def _replay_flush_kernel(
     b = tl.program_id(2).to(tl.int64)
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
     word = tl.load(cur_ptr + slot, mask=live, other=1)
-    n = word & _CUR_MASK
+    n = word & _CUR_MASK if HAS_LO else word     # (other states' words carry no LO_STALE bit)
     if ADVANCED:
         do = live & (n == 0)
         nf = K
-    else:
+    elif HAS_LO:
         do = live & ((n + 1 >= K) | ((word & _LO_STALE) != 0))
+        nf = n + 1
+    else:
+        do = live & (n + 1 >= K)
         nf = n + 1
     if do:
         g = h // HPG
@@ -861,7 +874,7 @@ def _fold_kernel(
         live = slot >= 0
         slot = tl.maximum(slot, 0)
         word = tl.load(cur_ptr + slot, mask=live, other=0)
-        n = word & _CUR_MASK
+        n = word & _CUR_MASK if HAS_LO else word     # (other states' words carry no LO_STALE bit)
         if HAS_ACC:
             n = n + tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32)
             do = n >= THRESH
@@ -1158,11 +1171,12 @@ def _refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, P
 # ----------------------------------------------------------------------------- cursor pass
 @triton.jit
 def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
-                   MODE: tl.constexpr, HAS_IDX: tl.constexpr, BLOCK: tl.constexpr):
+                   MODE: tl.constexpr, HAS_IDX: tl.constexpr, BLOCK: tl.constexpr, STALE: tl.constexpr = True):
     """New cursors after a launch of the kernels above (which only read them).
     MODE 0 (step):   n + 1 >= K or stale ? 0 : n + 1   (stale: LO_STALE, the step flushed)
     MODE 1 (commit): n + accepted >= K ? 0 : n + accepted
-    MODE 2 (flush):  0"""
+    MODE 2 (flush):  0
+    STALE: the state is dual (its words may carry LO_STALE; others' are read as they are)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < rows
     if HAS_IDX:
@@ -1172,10 +1186,13 @@ def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
     live = m & (slot >= 0)
     slot = tl.maximum(slot, 0)
     word = tl.load(cur_ptr + slot, mask=live, other=0)
-    n = word & _CUR_MASK
+    n = word & _CUR_MASK if STALE else word
     if MODE == 0:
         n = n + 1
-        new = tl.where((n >= K) | ((word & _LO_STALE) != 0), 0, n)
+        if STALE:
+            new = tl.where((n >= K) | ((word & _LO_STALE) != 0), 0, n)
+        else:
+            new = tl.where(n >= K, 0, n)
     elif MODE == 1:
         n = n + tl.load(acc_ptr + offs, mask=live, other=0).to(tl.int32)
         new = tl.where(n >= K, 0, n)
@@ -1284,7 +1301,7 @@ def plan_cursor(rs, state_indices, rows: int, mode: int, accepted=None):
     acc = accepted if accepted is not None else rs.cursor
     return [_record(_cursor_kernel, (triton.cdiv(rows, CURSOR_BLOCK),))(
         rs.cursor, idx, acc, rows, rs.flush_period,
-        MODE=mode, HAS_IDX=state_indices is not None, BLOCK=CURSOR_BLOCK, num_warps=4)]
+        MODE=mode, HAS_IDX=state_indices is not None, BLOCK=CURSOR_BLOCK, STALE=rs.lo is not None, num_warps=4)]
 
 
 def advance_cursor(rs, state_indices, rows: int, mode: int, accepted=None):
