@@ -305,6 +305,21 @@ def _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
     return S
 
 
+@triton.jit
+def _folded_tile(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, slot64, h, kh, n, rows, rmask, cols, cmask,
+                 HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+                 HI_FP8: tl.constexpr, DUAL: tl.constexpr, EPS: tl.constexpr):
+    """The high checkpoint's [BLOCK_V, dk] tile of (slot, value head h), rows `rows`, with buffer
+    entries 0..n-1 folded in (_fold): (S, its element offsets, its row offsets, its mask)."""
+    row_off = (slot64 * HV + h) * DV + rows
+    tile = row_off[:, None] * DK + cols[None, :]
+    mask2 = rmask[:, None] & cmask[None, :]
+    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+    S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+              HV, HK, DK, DV, L, DUAL, EPS)
+    return S, tile, row_off, mask2
+
+
 # ----------------------------------------------------------------------------- eager
 @triton.jit
 def _gdn_eager_kernel(
@@ -474,12 +489,8 @@ def _route_pending(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, hi_ptr, hi_sc_pt
     rmask = rows < DV
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
-    row_off = (slot64 * HV + h) * DV + rows
-    tile = row_off[:, None] * DK + cols[None, :]
-    mask2 = rmask[:, None] & cmask[None, :]
-    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
-    S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
-              HV, HK, DK, DV, L, DUAL, EPS)
+    S, tile, row_off, mask2 = _folded_tile(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, slot64, h, kh, n,
+                                           rows, rmask, cols, cmask, HV, HK, DK, DV, L, HI_FP8, DUAL, EPS)
     kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
                                           cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
     S, o = _eager_update(S, kn, qn, vv, alpha, bt)
@@ -1296,12 +1307,9 @@ def _gdn_fold_kernel(
         if last:
             tl.atomic_xchg(cur_ptr + slot64, tl.where(do_fold, 0, n), sem="relaxed")
         if do_fold:
-            row_off = (slot64 * HV + h) * DV + rows
-            tile = row_off[:, None] * DK + cols[None, :]
-            mask2 = rmask[:, None] & cmask[None, :]
-            S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
-            S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
-                      HV, HK, DK, DV, L, DUAL, EPS)
+            S, tile, row_off, mask2 = _folded_tile(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, slot64, h,
+                                                   kh, n, rows, rmask, cols, cmask, HV, HK, DK, DV, L, HI_FP8, DUAL,
+                                                   EPS)
             _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
             if DUAL:
                 _ckpt_store(lo_ptr, lo_sc_ptr, tile, row_off, S, mask2, rmask, LO_FP8, INTERP)
