@@ -22,10 +22,11 @@ returns to 0 and new entries overwrite from the start. Drafts beyond the cursor
 
 The cursor word: bits 0-14 hold the entry count n (so L < 2^15), bit 15 (LO_STALE) says that
 a dual state's low copy is behind its high checkpoint. The small-batch route (a flush at
-every step) writes only the high copy of a dual state and sets the bit, with n = 0: the low
-copy is refreshed lazily, by the next step that needs it, which then flushes (reference:
-replay steps; a verify refreshes it first; a flush writes it). Any op that stores a new
-cursor clears the bit. Read the count with ``rs.entries(slots)``, never ``rs.cursor`` raw.
+every step) writes only the high copy of a dual state and sets the bit, with n = 0. The low
+copy is refreshed lazily, by the next op that needs it: a buffered step flushes that
+sequence, a verify rewrites the copy and clears the bit first, a flush writes both copies
+(reference.py implements the same). Any op that stores a new cursor clears the bit. Read the
+count with ``rs.entries(slots)``, never ``rs.cursor`` raw.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ totally ordered on one address), so it stores the new cursor, clearing the ticke
 Between launches the cursor is a plain int. Costs one L2 atomic per program, no extra launch;
 needs L < 32768 and nprog < 32768. The SPLIT replay route reads the cursor with a plain load
 and leaves the move to its second launch (_gdn_flush_step_kernel); verify reads it with a
-plain load (it never moves it).
+plain load (it never moves it; verify() has cleared any LO_STALE bit with the refresh launches).
 """
 from __future__ import annotations
 
