@@ -176,3 +176,39 @@ def test_weights_from_shares_parameters_not_state():
     assert b.rs is not a.rs and b.conv_state.data_ptr() != a.conv_state.data_ptr()
     with pytest.raises(ValueError, match="weights_from"):
         make("mamba2", "eager", weights_from=a)
+
+
+@pytest.mark.shipped_routes
+@pytest.mark.parametrize("family", FAMILIES)
+def test_triton_dual_layer_across_batch_sizes_tracks_eager(family, monkeypatch):
+    """A served dual layer (Triton, the shipped routes) whose batch size changes step by step:
+    batch 1-2 take the small-batch route (high copy only, the low copy marked stale), batch 4
+    buffers and flushes the stale rows first (GDN's route limit lowered to 8 value-head states,
+    so the tiny dims buffer at batch 4 as the real ones do at larger batches). Outputs stay
+    within the low copy's rounding of an fp32 eager layer with the same weights, and the high
+    checkpoint stays the eager state."""
+    from replayssm.triton import gdn as TK
+    monkeypatch.setattr(TK, "DUAL_ROUTE_HEADS", 2 * DIMS["gdn"].num_v_heads)
+    kw = dict(batch=4, slots=6, buffer_len=6, state_dtype="float32", dtype=torch.float32, seed=8)
+    eager = make(family, "eager", **kw)
+    dual = make(family, "replay-dual", backend="triton", lo_dtype="bfloat16", weights_from=eager, **kw)
+    for layer in (eager, dual):
+        layer.randomize_state(9)
+    gen = torch.Generator().manual_seed(13)
+    worst, routed, stale_flushed = 0.0, 0, 0
+    for t in range(18):
+        b = [1, 2, 4][int(torch.randint(0, 3, (1,), generator=gen))] if t > 2 else [1, 4, 4][t]
+        idx = torch.randperm(6, generator=gen)[:b].to(torch.int32)
+        h = torch.randn(b, HIDDEN, generator=gen)
+        stale = dual.rs.lo_stale(idx.long())
+        y_e, y_d = eager.step(h, idx), dual.step(h, idx)
+        worst = max(worst, rel(y_d, y_e))
+        if b < 4:
+            routed += 1
+            assert dual.rs.lo_stale(idx.long()).all()        # the route left the low copy stale
+        else:
+            stale_flushed += int(stale.sum())
+            assert not dual.rs.lo_stale(idx.long()).any()
+    assert routed >= 4 and stale_flushed >= 3, (routed, stale_flushed)
+    assert worst < 2e-2, worst
+    assert rel(dual.ssm_state(), eager.ssm_state()) < 1e-5
