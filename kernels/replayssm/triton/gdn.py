@@ -788,8 +788,9 @@ def _gdn_replay_kernel(
                                  other=0.0).to(tl.float32)
                     ki = ki * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)
                     vi = tl.load(vb_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
-                    ai = tl.where(i_ok, tl.exp(tl.load(gb_ptr + ei_).to(tl.float32)), 1.0)
-                    bi = tl.where(i_ok, tl.load(bb_ptr + ei_).to(tl.float32), 0.0)
+                    # masked: BLOCK_L may exceed L (rows past the slot's, past the tensor for the last)
+                    ai = tl.exp(tl.load(gb_ptr + ei_, mask=i_ok, other=0.0).to(tl.float32))
+                    bi = tl.load(bb_ptr + ei_, mask=i_ok, other=0.0).to(tl.float32)
                     ui = bi * (vi - ai * tl.sum(S * ki[None, :], 1))
                     S = ai * S + ui[:, None] * ki[None, :]
                 u = bt_h * (v_c - al_h * tl.sum(S * kn[None, :], 1))
@@ -862,7 +863,7 @@ def _gdn_replay_kernel(
                             ui = tl.load(ub_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
                             ci = tl.where(i_ok, wrun * tl.rsqrt(tl.sum(ki * ki, 0) + EPS), 0.0)
                             S += (ci * ui)[:, None] * ki[None, :]
-                            wrun = tl.where(i_ok, wrun * tl.exp(tl.load(gb_ptr + ei_).to(tl.float32)), wrun)
+                            wrun = wrun * tl.exp(tl.load(gb_ptr + ei_, mask=i_ok, other=0.0).to(tl.float32))
                         S = al_h * S + u[:, None] * kn[None, :]
                         _ckpt_store(hi_ptr, hi_sc_ptr, row[:, None] * DK + cols[None, :], row, S,
                                     rm[:, None] & cmask[None, :], rm, HI_FP8, INTERP)
