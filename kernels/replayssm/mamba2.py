@@ -114,9 +114,8 @@ def flush(rs: Mamba2ReplayState, A, slots: torch.Tensor | None = None, backend: 
     if backend == "reference":
         return ref.mamba2_flush(rs, A, slots)
     if rs.counter is not None:
-        s = torch.arange(rs.cursor.shape[0], device=rs.cursor.device) if slots is None else slots.long()
-        s = s[s >= 0]
-        _count_fold(rs, rs.entries(s)[rs.cursor[s] != 0])     # entries pending, or a stale low copy
+        s = None if slots is None else slots[slots >= 0]
+        _count_fold(rs, rs.entries(ref._flush_slots(rs, s)))
     _tk().flush(rs, A, slots)
 
 

@@ -396,14 +396,15 @@ def _gdn_replay_eager_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, hi_ptr, cur_ptr,
     sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
     scale, nprog,
-    # from here on what the steady state (n = 0) never reads (fp8 scales, the low copy, the
-    # buffer): the eager kernel's arguments first took a launch from 3.98 to 3.90 us, the eager
-    # kernel's time (Qwen3.5-122B batch 1, in a CUDA graph: graph_profile_s16_params.txt)
-    hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    # from here on what the steady state (n = 0) never reads (fp8 scales, the buffer): the eager
+    # kernel's arguments first took a launch from 3.98 to 3.90 us, the eager kernel's time
+    # (Qwen3.5-122B batch 1, in a CUDA graph: graph_profile_s16_params.txt). No low copy: the
+    # route never writes it (dual: LO_STALE).
+    hi_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     PENDING_CALL: tl.constexpr = False,
 ):
     """The replay step's eager route (EAGER_ROUTE, a small-batch route): a flush at every step,
@@ -1865,9 +1866,9 @@ def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scal
     buf, dual = _buffer_args(rs)
     rs.routed = rs.routed or dual     # its low copies may go stale: verify refreshes them first
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), ck[0], rs.cursor,
-            *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv, *ck[1:], *buf]
+            *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv, ck[1], *buf]
     meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual,
-                        PENDING_CALL=bool(cfg.get("PENDING_CALL", False)), **ck_meta)
+                        PENDING_CALL=bool(cfg.get("PENDING_CALL", False)), HI_FP8=ck_meta["HI_FP8"])
     _launch_options(meta, cfg)
     return _gdn_replay_eager_kernel, grid, args, meta
 

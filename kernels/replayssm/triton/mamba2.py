@@ -755,14 +755,14 @@ def _replay_flush_kernel(
 @triton.jit
 def _replay_eager_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
-    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr,
     P, N, HPG, NPROG,
     s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
     s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
     s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, CAP: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr,
-    LO_SCALE: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
+    EXACT: tl.constexpr, EVICT: tl.constexpr,
 ):
     """The replay step's eager route (route "eager", a small-batch route): a flush at every
     step with eager's traffic, on BLOCK_P rows of the HIGH checkpoint of head h of batch row b.
@@ -1403,18 +1403,17 @@ def _plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: d
     if nprog >= 1 << 15:
         raise ValueError(f"the eager route's ticket needs < 32768 programs per sequence ({nprog})")
     hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
-    lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
     rs.routed = rs.routed or rs.lo is not None     # its low copies may go stale: verify refreshes them first
     return _record(_replay_eager_kernel, grid)(
-        x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt, hi_d, hi_s, lo_d, lo_s,
+        x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt, hi_d, hi_s,
         P, N, H // G, nprog,
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         BLOCK_P=v["block_p"], BLOCK_N=_np2(N), CAP=rs.capacity, HAS_Z=z is not None,
-        HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
+        HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None,
         EXACT=_interpreting(), EVICT=v["evict"], num_warps=v["warps"])
 
 
