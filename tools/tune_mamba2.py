@@ -27,7 +27,8 @@ small-batch route: a flush at every step, eager's traffic), rows per program, wa
 pass instead of the ticket; -late also the state load after the buffered B tile (the first
 version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows per fold chunk
 of flushing programs (default 16); -fc columns per fold chunk (default: whole rows); -pf a
-prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late). Eager:
+prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
+buffer's B_i . C once per group in a launch ahead of the step (PRE_BC). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
 
@@ -93,6 +94,8 @@ def replay_variant(name: str) -> dict:
             ov["fold_cols"] = int(flag[2:])
         elif flag.startswith("pf"):
             ov["pf"] = int(flag[2:])
+        elif flag == "bc":
+            ov["bc"] = True
         else:
             raise ValueError(f"bad flag {flag!r} in {name!r}")
     return ov

@@ -172,7 +172,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0)
+                       maxnreg=None, pf=0, bc=False)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -311,7 +311,7 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
-            "maxnreg": v["maxnreg"], "pf": int(v["pf"])}
+            "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"])}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -512,9 +512,29 @@ def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr, STALE: tl.
 
 
 @triton.jit
+def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, N, NL, s_C_b, s_C_g, s_bB_s, s_bB_l, s_bB_g,
+                      BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_IDX: tl.constexpr):
+    """bc[b, g, i] = B_i . C for buffer rows i < NL (min(K, L)) of batch row b's slot and group g:
+    the output path's per-group products, once per group instead of once per program of the
+    step (_replay_step_kernel's PRE_BC). Grid (G, b); bc [b, G, BLOCK_L] float32. Rows past
+    the cursor are computed from whatever they hold: the step masks them. A padded row's
+    slot is clamped to 0 (its outputs are never used)."""
+    g = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_l = tl.arange(0, BLOCK_L)
+    in_n = offs_n < N
+    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=in_n, other=0.0).to(tl.float32)
+    Bb = tl.load(bB_ptr + slot * s_bB_s + g * s_bB_g + offs_l[:, None] * s_bB_l + offs_n[None, :],
+                 mask=(offs_l < NL)[:, None] & in_n[None, :], other=0.0).to(tl.float32)
+    tl.store(bc_ptr + (b * tl.num_programs(0) + g) * BLOCK_L + offs_l, tl.sum(Bb * Cv[None, :], axis=1))
+
+
+@triton.jit
 def _replay_step_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
-    cur_ptr, bx_ptr, bB_ptr, bdt_ptr,
+    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, bc_ptr,
     rd_ptr, rd_sc_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     K, P, N, HPG, NPROG,
     s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
@@ -525,7 +545,7 @@ def _replay_step_kernel(
     HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
-    PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32,
+    PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32, PRE_BC: tl.constexpr = False,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -538,6 +558,9 @@ def _replay_step_kernel(
     also flush where the cursor word says the low copy is stale (LO_STALE; then n = 0).
     Not FUSED: every sequence takes the output-only route (flushing ones append row n too)
     and _replay_flush_kernel, launched next, folds and overwrites their y.
+    PRE_BC: the output-only route reads B_i . C from bc_ptr [b, G, BLOCK_L] (float32, written
+    by _buffer_bc_kernel just before) instead of computing it from the group's buffered B tile
+    in every program (as many products as the state tile's own; the flush route still loads it).
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -666,13 +689,19 @@ def _replay_step_kernel(
                 _finish_y(yq, xq, Dh, z_row, y_row, offs_q, mask_q, in_q, HAS_Z, EXACT)
     else:
         if PRELOAD:
-            Bbf = Bb.to(tl.float32)
             Xbf = Xb.to(tl.float32)
         else:
-            Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
             Xbf = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
                           mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-        coef = w * tl.sum(Bbf * Cv[None, :], axis=1)           # [BL] w_i (B_i . C)
+        if PRE_BC:  # rows past the cursor may hold anything (even NaN): masked, not weighted
+            bc = tl.load(bc_ptr + (b * (tl.num_programs(1) // HPG) + g) * BLOCK_L + offs_l, mask=mask_l, other=0.0)
+            coef = tl.where(mask_l, w * bc, 0.0)                # [BL] w_i (B_i . C)
+        else:
+            if PRELOAD:
+                Bbf = Bb.to(tl.float32)
+            else:
+                Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
+            coef = w * tl.sum(Bbf * Cv[None, :], axis=1)       # [BL] w_i (B_i . C)
         coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
         if not EARLY:
             S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE,
@@ -1350,22 +1379,30 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
+    launches = []
+    bc = x      # (unread without the pre-pass)
+    if v["bc"]:     # B_i . C once per group (the step's PRE_BC), into a scratch kept on rs
+        bc = state_scratch(rs, "_bc_scratch", bsz * G * block_l, x.device).view(torch.float32)
+        launches.append(_record(_buffer_bc_kernel, (G, bsz))(
+            C, rs.B, bc, idx, N, min(rs.flush_period, L), C.stride(0), C.stride(1),
+            rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
+            BLOCK_N=block_n, BLOCK_L=block_l, HAS_IDX=state_indices is not None, num_warps=1))
     common = dict(BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=block_l, HAS_Z=z is not None,
                   HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
                   USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), EVICT=v["evict"],
                   FOLD_ROWS=v["fold_rows"], num_warps=warps)
     if v["maxnreg"]:
         common["maxnreg"] = v["maxnreg"]
-    launches = [_record(_replay_step_kernel, grid)(
+    launches.append(_record(_replay_step_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx,
-        rs.cursor, rs.x, rs.B, rs.dt,
+        rs.cursor, rs.x, rs.B, rs.dt, bc,
         rd_d, rd_s, hi_d, hi_s, lo_d, lo_s,
         rs.flush_period, P, N, H // G, nprog,
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, **common)]
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **common))
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,

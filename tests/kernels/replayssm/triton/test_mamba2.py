@@ -278,6 +278,8 @@ REPLAY_VARIANTS = [
     ("first",      dict(early=False, preload=False, ticket=False)),
     ("nopreload",  dict(preload=False)),
     ("late-pf",    dict(early=False, preload=False, ticket=False, pf=1)),   # the state tile's L2 hint
+    ("bc",         dict(bc=True)),      # B_i . C once per group, in a launch ahead of the step
+    ("lean-bc",    dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16, bc=True)),
 ]
 
 
