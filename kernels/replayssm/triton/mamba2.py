@@ -688,19 +688,20 @@ def _replay_step_kernel(
                     yq += tl.sum(Sq * Cm[None, :], axis=1)
                 _finish_y(yq, xq, Dh, z_row, y_row, offs_q, mask_q, in_q, HAS_Z, EXACT)
     else:
+        if PRE_BC:  # rows past the cursor may hold anything (even NaN): masked below, not weighted
+            bc = tl.load(bc_ptr + (b * (tl.num_programs(1) // HPG) + g) * BLOCK_L + offs_l, mask=mask_l, other=0.0)
+        elif PRELOAD:
+            Bbf = Bb.to(tl.float32)
+        else:
+            Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
         if PRELOAD:
             Xbf = Xb.to(tl.float32)
         else:
             Xbf = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
                           mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-        if PRE_BC:  # rows past the cursor may hold anything (even NaN): masked, not weighted
-            bc = tl.load(bc_ptr + (b * (tl.num_programs(1) // HPG) + g) * BLOCK_L + offs_l, mask=mask_l, other=0.0)
+        if PRE_BC:
             coef = tl.where(mask_l, w * bc, 0.0)                # [BL] w_i (B_i . C)
         else:
-            if PRELOAD:
-                Bbf = Bb.to(tl.float32)
-            else:
-                Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
             coef = w * tl.sum(Bbf * Cv[None, :], axis=1)       # [BL] w_i (B_i . C)
         coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
         if not EARLY:
