@@ -28,7 +28,8 @@ pass instead of the ticket; -late also the state load after the buffered B tile 
 version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows per fold chunk
 of flushing programs (default 16); -fc columns per fold chunk (default: whole rows); -pf a
 prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
-buffer's B_i . C once per group in a launch ahead of the step (PRE_BC). Eager:
+buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
+programmatic dependent). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
 
@@ -96,6 +97,8 @@ def replay_variant(name: str) -> dict:
             ov["pf"] = int(flag[2:])
         elif flag == "bc":
             ov["bc"] = True
+        elif flag == "nopdl":
+            ov["pdl"] = False
         else:
             raise ValueError(f"bad flag {flag!r} in {name!r}")
     return ov
@@ -182,6 +185,10 @@ def groups_for(model: str, nano: bool) -> list[dict]:
     for b in (2, 8, 16):
         out += [g(8, "eager", b, "bfloat16", "none", ["default", "e16x0w4"] + EAGER_MID)]
     out += [g(8, "eager", 2, "float32", "none", ["default"] + EAGER_MID)]
+    # batch 64 / 128: where the B_i . C pre-pass (-bc, a launch ahead of the step) starts paying
+    for b in (64, 128):
+        out += [g(9, "replay", b, "float32", "none", ["default"]),
+                g(9, "replay-dual", b, "float32", "bfloat16", ["default"])]
     # bf16 eager at batch 512, where ours was 0.94x vLLM's (Super, h200-kernels-20261130-s5)
     out += [g(6, "vllm-eager", 512, "bfloat16", "none", ["vllm"]),
             g(6, "eager", 512, "bfloat16", "none", EAGER_BF16 + EAGER_BF16_LARGE)]

@@ -204,8 +204,8 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
-# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=) and OVERRIDE["eager"] = dict(block_p=, chunks=,
-# warps=, evict=) replace the table entries above for every shape (only keys given).
+# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=) and OVERRIDE["eager"] = dict(block_p=,
+# chunks=, warps=, evict=) replace the table entries above for every shape (only keys given).
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
 CURSOR_BLOCK = 256
@@ -513,12 +513,18 @@ def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr, STALE: tl.
 
 @triton.jit
 def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, N, NL, s_C_b, s_C_g, s_bB_s, s_bB_l, s_bB_g,
-                      BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_IDX: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_IDX: tl.constexpr, GDC: tl.constexpr = False):
     """bc[b, g, i] = B_i . C for buffer rows i < NL (min(K, L)) of batch row b's slot and group g:
     the output path's per-group products, once per group instead of once per program of the
     step (_replay_step_kernel's PRE_BC). Grid (G, b); bc [b, G, BLOCK_L] float32. Rows past
     the cursor are computed from whatever they hold: the step masks them. A padded row's
-    slot is clamped to 0 (its outputs are never used)."""
+    slot is clamped to 0 (its outputs are never used).
+    GDC: the step behind it is a programmatic dependent launch, let go at once: its programs
+    run their cursor and state loads beside this kernel and wait for it (gdc_wait_prior)
+    only before reading bc. This launch itself is an ordinary one, so everything ahead of it
+    in the stream (the writes the step reads) has finished before either starts; the step's
+    own appends may land in rows this kernel reads, rows past the cursor that it masks."""
+    gdc_release(GDC)
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
@@ -546,6 +552,7 @@ def _replay_step_kernel(
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
     PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32, PRE_BC: tl.constexpr = False,
+    GDC: tl.constexpr = False,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -560,7 +567,8 @@ def _replay_step_kernel(
     and _replay_flush_kernel, launched next, folds and overwrites their y.
     PRE_BC: the output-only route reads B_i . C from bc_ptr [b, G, BLOCK_L] (float32, written
     by _buffer_bc_kernel just before) instead of computing it from the group's buffered B tile
-    in every program (as many products as the state tile's own; the flush route still loads it).
+    in every program (as many products as the state tile's own; the flush route still loads it);
+    GDC: launched as that kernel's programmatic dependent (see _buffer_bc_kernel).
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -689,6 +697,7 @@ def _replay_step_kernel(
                 _finish_y(yq, xq, Dh, z_row, y_row, offs_q, mask_q, in_q, HAS_Z, EXACT)
     else:
         if PRE_BC:  # rows past the cursor may hold anything (even NaN): masked below, not weighted
+            gdc_wait_prior(GDC)     # _buffer_bc_kernel's products written and visible
             bc = tl.load(bc_ptr + (b * (tl.num_programs(1) // HPG) + g) * BLOCK_L + offs_l, mask=mask_l, other=0.0)
         elif PRELOAD:
             Bbf = Bb.to(tl.float32)
@@ -1381,13 +1390,14 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
     launches = []
-    bc = x      # (unread without the pre-pass)
+    bc, pdl = x, {}     # (bc unread without the pre-pass)
     if v["bc"]:     # B_i . C once per group (the step's PRE_BC), into a scratch kept on rs
         bc = state_scratch(rs, "_bc_scratch", bsz * G * block_l, x.device).view(torch.float32)
+        pdl = pdl_meta(x.device, bool(OVERRIDE.get("replay", {}).get("pdl", PDL)))
         launches.append(_record(_buffer_bc_kernel, (G, bsz))(
             C, rs.B, bc, idx, N, min(rs.flush_period, L), C.stride(0), C.stride(1),
             rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
-            BLOCK_N=block_n, BLOCK_L=block_l, HAS_IDX=state_indices is not None, num_warps=1))
+            BLOCK_N=block_n, BLOCK_L=block_l, HAS_IDX=state_indices is not None, GDC=pdl["GDC"], num_warps=1))
     common = dict(BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=block_l, HAS_Z=z is not None,
                   HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
                   USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), EVICT=v["evict"],
@@ -1403,7 +1413,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **common))
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **pdl, **common))
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,
