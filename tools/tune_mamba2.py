@@ -70,14 +70,14 @@ def replay_variant(name: str) -> dict:
         return {}
     if name == "v0":
         return dict(block_p=16, chunks=1, warps=4, route="fused", early=False, preload=False, ticket=False,
-                    fold_rows=16, fold_cols=0, evict="", maxnreg=None, pf=0)
+                    fold_rows=16, fold_cols=0, evict="", maxnreg=None, pf=0, bc=False)
     m = re.fullmatch(r"(split-|eager-)?f(\d+)w(\d+)((?:-[a-z]+\d*)*)", name)
     if not m:
         raise ValueError(f"bad replay variant {name!r}")
     route = {"split-": "split", "eager-": "eager"}.get(m.group(1) or "", "fused")
     ov = dict(block_p=int(m.group(2)), chunks=1, warps=int(m.group(3)), route=route,
               early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-              maxnreg=None, pf=0)
+              maxnreg=None, pf=0, bc=False)
     for flag in filter(None, m.group(4).split("-")):
         if flag == "nt":
             ov["ticket"] = False

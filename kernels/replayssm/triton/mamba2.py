@@ -195,12 +195,27 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # 333 -> 261, Nano 425 -> 246; bf16 Super 246 -> 247, Nano 306 -> 225. Large batches move the
     # cursor in a separate pass (the ticket's atomics queue there); small ones by ticket (one
     # launch: b4-b16 ~1 us faster, tune_mamba2_small_lean.txt; Super dual b8 13.75 vs 21.61 us).
+    # From min_bh (batch x heads) on, B_i . C (the buffered entries' products with this step's C,
+    # the same for every head of a group) comes from a launch ahead of the step (bc, PRE_BC:
+    # _buffer_bc_kernel, the step its programmatic dependent) instead of from every program (as
+    # many products as the state tile's own). tune_mamba2_s19b / _s19c (one run each, same call;
+    # lean step / with bc, us): fp32 b256 Super 324.6 / 310.9 and 325.1 / 320.6, Nano 306.9 / 294.3
+    # and 318.1 / 303.0; b128 Super 170.9 / 167.0, Nano 162.0 / 157.5; b64 88.1 / 89.0, 84.3 / 84.6
+    # (a loss: the launch). 16-bit reads: dual bf16 b256 Super 262.4 / 238.7 and 260.7 / 242.4, Nano
+    # 247.3 / 224.8 and 245.1 / 223.2; b64 72.0 / 68.3, 68.2 / 64.7; b32 39.3 / 39.4 (a tie); bf16
+    # state b256 Super 237.9 / 209.6, Nano 225.0 / 198.4. Programs of 32 rows ran the bf16 state
+    # faster at Super (197.0, 195.1) and dual bf16 at Super b256 (237.3, 235.0) but slower at Nano
+    # dual (239.5, 236.7) and at Super b64-128: not shipped.
     (4, "small"): [dict(_LEAN, ticket=True)],
-    (4, "large"): [_LEAN],
+    (4, "large"): [dict(_LEAN, bc=True, min_bh=12288), _LEAN],
     (2, "small"): [dict(_LEAN, ticket=True)],
-    (2, "large"): [_LEAN],
+    (2, "large"): [dict(_LEAN, bc=True, min_bh=6144), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
-    (1, "large"): [dict(block_p=64, warps=2, p_mod=64),                 # dual fp8 Super: 318 us
+    # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
+    # 314.6 / 321.0 (64 x 2 below), Nano 279.5 / 285.9 vs 344.2 / 349.7 (16 x 1) (_s19c / _s19b);
+    # smaller batches were not timed, so they keep the session-7 rows
+    (1, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=24576),
+                   dict(block_p=64, warps=2, p_mod=64),                 # dual fp8 Super: 318 us
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
@@ -259,11 +274,13 @@ def _bucket(batch: int, nheads: int) -> str:
     return "small" if batch * nheads < SMALL_PROGRAMS else "large"
 
 
-def _pick(candidates, P: int):
-    """The first candidate whose p_mod (last field, or key "p_mod") divides P; the last one otherwise."""
+def _pick(candidates, P: int, work: int = 0):
+    """The first candidate whose p_mod (last field, or key "p_mod") divides P and whose min_bh
+    (key, dict candidates: least batch x heads) is at most `work`; the last one otherwise."""
     for c in candidates[:-1]:
         mod = c.get("p_mod", 1) if isinstance(c, dict) else (c[3] if len(c) > 3 else 1)
-        if P % mod == 0:
+        least = c.get("min_bh", 0) if isinstance(c, dict) else 0
+        if P % mod == 0 and work >= least:
             return c
     return candidates[-1]
 
@@ -298,7 +315,7 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     rb = min(hi_bytes, 4) if dual else key[0]     # the copy the route reads and writes
     if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH.get(rb, 0) and (rb, "route") in REPLAY_CONFIGS:
         key = (rb, "route")
-    v.update(_pick(REPLAY_CONFIGS[key], P))
+    v.update(_pick(REPLAY_CONFIGS[key], P, batch * nheads))
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])
     rows = min(_np2(v["block_p"] * chunks), _np2(P))

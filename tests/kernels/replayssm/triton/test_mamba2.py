@@ -936,7 +936,10 @@ print(json.dumps(out))
 # as shipped: 364 us round vs 453-497 for the spill-free tiles at b256
 # (results/device-logs-20261130-s11/tune_spec_s11g.txt); 194.5 vs 218.2 us under the 160 budget
 # at b128 (device-logs-20261130-s12/tune_spec_s12a.txt).
-SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12}
+# Nano's dual fp8 replay step, 32 rows x 1 warp (row-scaled copies fold whole rows): 255 registers
+# and a 72-byte spill; timed as compiled, 279.5 / 285.9 us at b256 vs 344.2 / 349.7 for the
+# spill-free 16-row step (results/device-logs-20261201-s19/tune_mamba2_s19c.txt, _s19b.txt).
+SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12, "replay dual fp8": 72}
 
 
 def test_compiles_for_sm90():
