@@ -203,13 +203,16 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # and 318.1 / 303.0; b128 Super 170.9 / 167.0, Nano 162.0 / 157.5; b64 88.1 / 89.0, 84.3 / 84.6
     # (a loss: the launch). 16-bit reads: dual bf16 b256 Super 262.4 / 238.7 and 260.7 / 242.4, Nano
     # 247.3 / 224.8 and 245.1 / 223.2; b64 72.0 / 68.3, 68.2 / 64.7; b32 39.3 / 39.4 (a tie); bf16
-    # state b256 Super 237.9 / 209.6, Nano 225.0 / 198.4. Programs of 32 rows ran the bf16 state
-    # faster at Super (197.0, 195.1) and dual bf16 at Super b256 (237.3, 235.0) but slower at Nano
-    # dual (239.5, 236.7) and at Super b64-128: not shipped.
+    # state b256 Super 237.9 / 209.6, Nano 225.0 / 198.4. Programs of 32 rows with it: faster at
+    # Super b256 (head dim 64; bf16 state 197.0 / 195.1 us, dual bf16 237.3 / 235.0, against 209.6
+    # / 215.8 and 238.7 / 242.4 in 16-row programs), slower at Nano (dual 239.5 / 236.7 vs 224.8 /
+    # 223.2) and at Super dual b128 / b64 (127.5 / 72.3 vs 125.7 / 68.3): from batch x heads 32768
+    # where the head dim is a multiple of 32.
     (4, "small"): [dict(_LEAN, ticket=True)],
     (4, "large"): [dict(_LEAN, bc=True, min_bh=12288), _LEAN],
     (2, "small"): [dict(_LEAN, ticket=True)],
-    (2, "large"): [dict(_LEAN, bc=True, min_bh=6144), _LEAN],
+    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32), dict(_LEAN, bc=True, min_bh=6144),
+                   _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
     # 314.6 / 321.0 (64 x 2 below), Nano 279.5 / 285.9 vs 344.2 / 349.7 (16 x 1) (_s19c / _s19b);

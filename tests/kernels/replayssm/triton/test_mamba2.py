@@ -727,15 +727,12 @@ def _graph(fn):
     return g
 
 
-@cuda_only
-@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "float8_e4m3"), ("shared-low", "bfloat16")])
-def test_cuda_graph_replay(mode, lo):
-    """One captured replay_step (one launch: the cursor moves by ticket at this batch)
-    replayed 72 steps (K = 8: every sequence flushes 9 times), checked against the
-    reference after every replay."""
+def _graph_replay_steps(mode, lo, batch, steps, seed):
+    """One captured replay_step at Nano's dims (K = L = 8, two null rows) replayed `steps`
+    times, checked against the reference after every replay."""
     shape = MODEL_DIMS["nemotron-3-nano-4b"]
-    batch, K, L = 32, 8, 8
-    g = gen(80)
+    K, L = 8, 8
+    g = gen(seed)
     p = params(shape, g)
     rs, rr = make_pair(shape, batch + 4, L, K, mode, "float32", lo, torch.float32, g)
     idx = torch.randperm(batch + 4, generator=g)[:batch].to(device=DEV, dtype=torch.int32)
@@ -746,7 +743,7 @@ def test_cuda_graph_replay(mode, lo):
     graph = _graph(lambda: M.replay_step(scratch, **static, **p, state_indices=idx, out=out))
     with torch.cuda.graph(graph):
         M.replay_step(rs, **static, **p, state_indices=idx, out=out)
-    for t in range(72):
+    for t in range(steps):
         new = step_inputs(shape, batch, torch.float32, g)
         for k, v in new.items():
             static[k].copy_(v)
@@ -757,6 +754,28 @@ def test_cuda_graph_replay(mode, lo):
         state_check(rs, rr, f"graph step {t}")
         if low_precision(rs):
             resync(rs, rr)
+
+
+@cuda_only
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "float8_e4m3"), ("shared-low", "bfloat16")])
+def test_cuda_graph_replay(mode, lo):
+    """One captured replay_step (one launch: the cursor moves by ticket at batch 32)
+    replayed 72 steps (K = 8: every sequence flushes 9 times)."""
+    _graph_replay_steps(mode, lo, 32, 72, 80)
+
+
+@cuda_only
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "bfloat16"), ("dual", "float8_e4m3")])
+def test_cuda_graph_replay_bc_prepass(mode, lo):
+    """Large batches at Nano's dims, where the shipped table runs the B_i . C pre-pass
+    (_buffer_bc_kernel, the step its programmatic dependent) and a separate cursor launch:
+    three launches captured, replayed 40 steps (5 flushes per sequence)."""
+    from replayssm.triton import mamba2 as tk
+    shape = MODEL_DIMS["nemotron-3-nano-4b"]
+    read = 1 if lo == "float8_e4m3" else 2 if lo else 4
+    batch = 256 if read == 1 else 160       # fp8 copies take the pre-pass from batch x heads 24576
+    assert tk.replay_variant(shape.head_dim, read, batch, shape.nheads, dual=mode == "dual")["bc"]
+    _graph_replay_steps(mode, lo, batch, 40, 81)
 
 
 @cuda_only
