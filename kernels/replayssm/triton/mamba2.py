@@ -7,6 +7,8 @@ Kernels (all CUDA-graph safe: fixed grids, every per-sequence decision on the de
                          optionally moves the cursor itself (atomic ticket)
     _replay_flush_kernel the second launch of the "split" route (tuning alternative): the
                          fold of the sequences that flush this step
+    _buffer_bc_kernel    large batches: B_i . C per (batch row, group), read by the step
+                         (PRE_BC) instead of computed in each of the group's programs
     _fold_kernel         fold committed entries into the checkpoint (flush and commit; LIST:
                          the rows _commit_list_kernel listed, by a few workers per head tile)
     _commit_list_kernel  a commit's cursor moves and its list of folding rows (batch <= 128)
@@ -28,7 +30,9 @@ buffered B rows (read by every head of the group) stay in L2. An eager/fold/veri
 owns ROW_CHUNKS consecutive chunks of BLOCK_P rows of one head and the whole state row (N);
 a replay-step program owns one [rows, N] tile, loaded with one 2-D load before anything that
 depends on the cursor. Per-head work that does not depend on the rows (decay weights,
-B_i . C) is done once per program, so fewer, taller programs read the buffer less.
+B_i . C) is done once per program, so fewer, taller programs read the buffer less; at large
+batches B_i . C (the same for every head of a group) comes from a launch ahead of the step
+(REPLAY_CONFIGS' bc rows), so a program's own work is its tile.
 
 The cursor. Every program of a sequence reads cursor[slot]; programs are not ordered, so no
 program may simply write it. Either the step takes it with an atomic ticket (one relaxed
