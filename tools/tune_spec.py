@@ -136,6 +136,10 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     "no-tma": dict(tma=False),         # the table's VERIFY_TMA (fp32 read copies, large bucket) off
     # session 15: the round's launches as programmatic dependents (mamba2.PDL) off
     "no-pdl": dict(pdl=False, fold=dict(pdl=False)),
+    # session 19: the Gram matrices once per group in a launch ahead of the verify (PRE_GRAM),
+    # the verify its programmatic dependent (gram-nopdl: not)
+    "gram": dict(gram=True),
+    "gram-nopdl": dict(gram=True, pdl=False),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
@@ -422,13 +426,13 @@ def launch_desc(case, model) -> str:
         from replayssm.triton import mamba2 as tk
         rs = Mamba2ReplayState.allocate(b, d.nheads, d.head_dim, d.d_state, d.n_groups, L, case.flush_period, mode,
                                         "float32", lo, torch.bfloat16, "meta")
-        la = tk.plan_verify(rs, **inp, **params, state_indices=idx)[0][0]
-        m = la.meta
+        las = tk.plan_verify(rs, **inp, **params, state_indices=idx)[0]
+        m = las[-1].meta
         return (f"P{m['BLOCK_P']}{'+' + str(m['TAIL_P']) if m.get('TAIL_P') else ''} n{m['BLOCK_N']}"
                 f" w{m['num_warps']} {m['S_PREC']}"
                 f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}"
                 f"{' r' + str(m['maxnreg']) if m.get('maxnreg') else ''}"
-                f"{' tma' if m.get('TMA') else ''}")
+                f"{' tma' if m.get('TMA') else ''}{' gram' if len(las) > 1 else ''}")
     gk = _module("gdn")
     rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
                                  mode, "float32", lo, torch.bfloat16, "meta")

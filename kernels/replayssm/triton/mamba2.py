@@ -252,6 +252,10 @@ VERIFY_EARLY_BUF = True
 # "split3" exact products (three bf16 MMAs), "bf16x3" ~2^-16), and N columns per MMA step.
 VERIFY_F32_PRECISION = "tf32x3"
 VERIFY_CHUNK_N = 32
+# Verify: the Gram matrices (B_i . C_t of the buffer and of the drafts, the same for every head
+# of a group) from a launch ahead of the verify (_verify_gram_kernel, PRE_GRAM) instead of from
+# each program's B tiles and MMAs. OVERRIDE["verify"]["gram"] for tuning.
+VERIFY_PRE_GRAM = False
 # Precision of the flush fold's tl.dot (sum_i w_i x_i B_i^T over <= L entries). With a bf16
 # buffer the fold runs as "bf16x3" (exact products, see _outer_sum); with other buffers it
 # uses FOLD_DOT_PRECISION on fp32 operands: "tf32x3" (three TF32 MMAs, ~2^-22 relative per
@@ -1055,9 +1059,50 @@ def _verify_tile_out(Y, offs_p, mask_p, in_p, XbT, XdT, W, Wd, decay, mask_l, Dh
 
 
 @triton.jit
+def _verify_gram_kernel(B_ptr, C_ptr, bB_ptr, gram_ptr, idx_ptr, L, N: tl.constexpr,
+                        s_B_b, s_B_t, s_B_g, s_C_b, s_C_t, s_C_g, s_bB_s, s_bB_l, s_bB_g,
+                        T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
+                        HAS_IDX: tl.constexpr, BC_PREC: tl.constexpr, EXACT: tl.constexpr,
+                        GDC: tl.constexpr = False):
+    """The verify's Gram matrices of batch row b and group g, once per group instead of once per
+    program of its heads (_verify_kernel's PRE_GRAM): gram[b, g] [BLOCK_L + BLOCK_T, BLOCK_T]
+    float32, rows 0..BLOCK_L-1 the buffer's B_i . C_t (rows i < L, the cursor not known here:
+    the verify masks rows >= n), rows BLOCK_L.. the drafts' B_j . C_t, products exactly as the
+    verify forms them (the drafts' B rounded as the buffer stores them; BC_PREC). Grid (G, b).
+    GDC: the verify behind it is its programmatic dependent, let go at once (it reads gram only
+    after waiting; this launch is an ordinary one, so all before it has finished)."""
+    gdc_release(GDC)
+    g = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_l = tl.arange(0, BLOCK_L)
+    mask_t = offs_t < T
+    in_l = offs_l < L
+    bB_base = slot * s_bB_s + g * s_bB_g
+    CB = tl.zeros([BLOCK_L, BLOCK_T], tl.float32)
+    CdB = tl.zeros([BLOCK_T, BLOCK_T], tl.float32)
+    for c0 in tl.range(0, N, BLOCK_N):
+        offs_n = c0 + tl.arange(0, BLOCK_N)
+        in_n = offs_n < N
+        CdT = tl.trans(tl.load(C_ptr + b * s_C_b + offs_t[:, None] * s_C_t + g * s_C_g + offs_n[None, :],
+                               mask=mask_t[:, None] & in_n[None, :], other=0.0))
+        Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
+                     mask=in_l[:, None] & in_n[None, :], other=0.0)
+        Bd = cast(tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
+                          mask=mask_t[:, None] & in_n[None, :], other=0.0).to(tl.float32),
+                  bB_ptr.dtype.element_ty, EXACT)
+        CB = _mma_acc(Bb, CdT, CB, BC_PREC, EXACT)
+        CdB = _mma_acc(Bd, CdT, CdB, BC_PREC, EXACT)
+    base = gram_ptr + (b * tl.num_programs(0) + g) * ((BLOCK_L + BLOCK_T) * BLOCK_T)
+    tl.store(base + offs_l[:, None] * BLOCK_T + offs_t[None, :], CB)
+    tl.store(base + (BLOCK_L + offs_t)[:, None] * BLOCK_T + offs_t[None, :], CdB)
+
+
+@triton.jit
 def _verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
-    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, rd_ptr, rd_sc_ptr, rd_desc, rd_desc_q,
+    cur_ptr, bx_ptr, bB_ptr, bdt_ptr, rd_ptr, rd_sc_ptr, rd_desc, rd_desc_q, gram_ptr,
     P, N: tl.constexpr, L, HPG,
     s_x_b, s_x_t, s_x_h, s_dt_b, s_dt_t, s_B_b, s_B_t, s_B_g, s_C_b, s_C_t, s_C_g,
     s_z_b, s_z_t, s_z_h, s_y_b, s_y_t, s_y_h,
@@ -1067,6 +1112,7 @@ def _verify_kernel(
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr,
     RD_SCALE: tl.constexpr, S_PREC: tl.constexpr, BC_PREC: tl.constexpr, X_PREC: tl.constexpr,
     EARLY_BUF: tl.constexpr, EXACT: tl.constexpr, TMA: tl.constexpr = False, GDC: tl.constexpr = False,
+    PRE_GRAM: tl.constexpr = False, GDC_WAIT: tl.constexpr = False,
 ):
     """Outputs of T drafts for rows [pid_p*R, +R) of head h of batch row b (R = BLOCK_P +
     TAIL_P), from the read checkpoint tile (read once for all T), buffer rows 0..n-1 and the
@@ -1094,6 +1140,9 @@ def _verify_kernel(
     blocks, rd_desc_q: the tail's [TAIL_P, BLOCK_N]): one copy per chunk; rows past the head or
     of a null slot are read from wherever they point (their outputs are never stored). GDC:
     lets a programmatic dependent launch behind it (the commit's list launch) start early.
+    PRE_GRAM: the Gram matrices come from gram_ptr (_verify_gram_kernel, launched just before;
+    GDC_WAIT: as its programmatic dependent, waiting for it only before reading them) instead of
+    from the program's own B tiles and MMAs.
     """
     gdc_release(GDC)
     pid_p = tl.program_id(0)
@@ -1143,16 +1192,18 @@ def _verify_kernel(
                              mask=mask_q[:, None] & in_n[None, :], other=0.0)
         CdT = tl.trans(tl.load(C_ptr + b * s_C_b + offs_t[:, None] * s_C_t + g * s_C_g + offs_n[None, :],
                                mask=mask_t[:, None] & in_n[None, :], other=0.0))                    # [BN, BT]
-        Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
-                     mask=in_l[:, None] & in_n[None, :], other=0.0)
-        Bd = cast(tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
-                          mask=mask_t[:, None] & in_n[None, :], other=0.0).to(tl.float32),
-                   bB_ptr.dtype.element_ty, EXACT)
+        if not PRE_GRAM:
+            Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
+                         mask=in_l[:, None] & in_n[None, :], other=0.0)
+            Bd = cast(tl.load(B_ptr + b * s_B_b + offs_t[:, None] * s_B_t + g * s_B_g + offs_n[None, :],
+                              mask=mask_t[:, None] & in_n[None, :], other=0.0).to(tl.float32),
+                      bB_ptr.dtype.element_ty, EXACT)
         Y = _mma_acc(S, CdT, Y, S_PREC, EXACT)
         if TAIL_P > 0:
             Yq = _mma_acc(Sq, CdT, Yq, S_PREC, EXACT)
-        CB = _mma_acc(Bb, CdT, CB, BC_PREC, EXACT)
-        CdB = _mma_acc(Bd, CdT, CdB, BC_PREC, EXACT)
+        if not PRE_GRAM:
+            CB = _mma_acc(Bb, CdT, CB, BC_PREC, EXACT)
+            CdB = _mma_acc(Bd, CdT, CdB, BC_PREC, EXACT)
 
     # drafts' other inputs, then the buffer's dt and x
     A = tl.load(A_ptr + h).to(tl.float32)
@@ -1166,6 +1217,12 @@ def _verify_kernel(
     if TAIL_P > 0:
         XdTq, XbTq = _verify_tile_x(x_ptr, bx_ptr, b, h, bx_base, offs_q, mask_q, offs_t, mask_t, offs_l, in_l,
                                     s_x_b, s_x_t, s_x_h, s_bx_l, EXACT)
+    if PRE_GRAM:    # computed for rows i < L and every batch row: masked like the tiles above
+        gdc_wait_prior(GDC_WAIT)
+        gbase = gram_ptr + (b * (tl.num_programs(1) // HPG) + g) * ((BLOCK_L + BLOCK_T) * BLOCK_T)
+        CB = tl.load(gbase + offs_l[:, None] * BLOCK_T + offs_t[None, :])
+        CdB = tl.load(gbase + (BLOCK_L + offs_t)[:, None] * BLOCK_T + offs_t[None, :])
+        CdB = tl.where(mask_t[:, None] & mask_t[None, :], CdB, 0.0)
     if EARLY_BUF:   # rows >= n are stale: selected away (never multiplied: they may hold anything)
         n = tl.load(cur_ptr + slot, mask=live, other=0)
         mask_l = (offs_l < n) & live
@@ -1173,6 +1230,8 @@ def _verify_kernel(
         CB = tl.where(mask_l[:, None], CB, 0.0)
     else:
         mask_l = in_l
+        if PRE_GRAM:
+            CB = tl.where(mask_l[:, None], CB, 0.0)
 
     # decay weights: columns are targets t
     la = dt_i * A
@@ -1620,23 +1679,36 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
     grid = (triton.cdiv(P, block_p + tail), H, bsz)
-    launch = _record(_verify_kernel, grid)(
+    block_t = max(16, _np2(T))
+    bc_prec = mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION)
+    launches, gram, wait = [], x, {}        # (gram unread without the pre-pass)
+    if ov.get("gram", VERIFY_PRE_GRAM):     # the Gram matrices once per group, ahead of the verify
+        gram = state_scratch(rs, "_gram_scratch", bsz * G * (block_l + block_t) * block_t,
+                             x.device).view(torch.float32)
+        pdl = pdl_meta(x.device, bool(ov.get("pdl", PDL)))
+        wait = {"GDC_WAIT": pdl["GDC"], **({"launch_pdl": True} if pdl["GDC"] else {})}
+        launches.append(_record(_verify_gram_kernel, (G, bsz))(
+            B, C, rs.B, gram, idx, L, N, B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1),
+            C.stride(2), rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
+            T=T, BLOCK_T=block_t, BLOCK_L=block_l, BLOCK_N=block_n, HAS_IDX=state_indices is not None,
+            BC_PREC=bc_prec, EXACT=_interpreting(), GDC=pdl["GDC"], num_warps=1))
+    launches.append(_record(_verify_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx,
-        rs.cursor, rs.x, rs.B, rs.dt, rd_d, rd_s, *descs,
+        rs.cursor, rs.x, rs.B, rs.dt, rd_d, rd_s, *descs, gram,
         P, N, L, H // G,
         x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),
         B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
         zz.stride(0), zz.stride(1), zz.stride(2), y.stride(0), y.stride(1), y.stride(2),
         *_buffer_strides(rs), *_ckpt_strides(rs),
-        T=T, BLOCK_T=max(16, _np2(T)), BLOCK_P=block_p, TAIL_P=tail, BLOCK_N=block_n, BLOCK_L=block_l,
+        T=T, BLOCK_T=block_t, BLOCK_P=block_p, TAIL_P=tail, BLOCK_N=block_n, BLOCK_L=block_l,
         HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has,
         S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)),
-        BC_PREC=mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION),
+        BC_PREC=bc_prec, PRE_GRAM=gram is not x, **wait,
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
         EARLY_BUF=bool(early_buf), EXACT=_interpreting(), TMA=tma, num_warps=ov.get("warps", warps),
         GDC=pdl_meta(x.device, bool(ov.get("pdl", PDL)))["GDC"],
-        **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {}))
-    return [launch], y
+        **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {})))
+    return launches, y
 
 
 def verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):

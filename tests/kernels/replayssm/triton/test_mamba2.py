@@ -558,6 +558,22 @@ def test_verify_commit(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", SPEC_CASES + [("late-f32", "replay", "float32", None, torch.float32, 3)],
+                         ids=[c[0] for c in SPEC_CASES] + ["late-f32"])
+def test_verify_gram_prepass(device, case, monkeypatch):
+    """The verify with its Gram matrices from _verify_gram_kernel (PRE_GRAM, a launch ahead of
+    it) instead of its own MMAs, early or late buffer loads: the same cycles against the
+    reference (padded rows, buffer rows past the cursor holding old entries)."""
+    from replayssm.triton import mamba2 as tk
+    monkeypatch.setitem(tk.OVERRIDE, "verify", dict(gram=True, early_buf=case[0] != "late-f32"))
+    verify_commit_cycles(device, TINY, *case)
+    rs, _ = make_pair(TINY, 7, 7, 3, "replay", "float32", None, torch.bfloat16, gen(65))
+    inp = step_inputs(TINY, 4, torch.bfloat16, gen(66), T=3)
+    first, second = tk.plan_verify(rs, **inp, **params(TINY, gen(67)))[0]
+    assert (first.kernel, second.kernel, second.meta["PRE_GRAM"]) == (tk._verify_gram_kernel, tk._verify_kernel, True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("listed,rounds", [(True, 40), (False, 12)], ids=["list", "per-row"])
 def test_commit_routes_long_horizon(device, listed, rounds, monkeypatch):
     """Rounds of verify + commit with random accepts 0..T per row over random row subsets
