@@ -935,6 +935,12 @@ plans = {
                                          state_indices=idx)[0],
 }
 plans["refresh lo dual fp8"] = tk.plan_refresh_lo(rs("dual", "float8_e4m3"), idx, b)   # a routed dual state's verify
+tk.OVERRIDE["verify"] = dict(gram=True)     # the verify's Gram pre-pass (opt-in, session 19)
+plans["verify T4 fp32 gram"] = tk.plan_verify(rs("replay", K=16, L=20), **inp(torch.bfloat16, T=4), **p,
+                                              state_indices=idx)[0]
+plans["verify T4 dual bf16 gram"] = tk.plan_verify(rs("dual", "bfloat16", K=16, L=20), **inp(torch.bfloat16, T=4),
+                                                   **p, state_indices=idx)[0]
+tk.OVERRIDE.clear()
 # Nemotron-3-Super-120B (64-row heads: whole-head programs)
 sh = I.Mamba2Shape(128, 64, 128, 8)
 p = {k: v.to(dev) for k, v in I.mamba2_params(sh).items()}
