@@ -1645,10 +1645,11 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 
 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
-    """([launch], y) of speculative verification; see verify. Grid (cdiv(P, R), H, b): one
-    [R, N] state tile per program, R = BLOCK_P from CONFIG_TABLE["verify"] (or
-    OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec, x_prec, chunk_n, maxnreg, tma,
-    pdl), every tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
+    """([launches], y) of speculative verification; see verify: the verify launch, after a
+    _verify_gram_kernel launch with the Gram pre-pass (VERIFY_PRE_GRAM, or OVERRIDE["verify"]
+    gram). Grid (cdiv(P, R), H, b): one [R, N] state tile per program, R = BLOCK_P from
+    CONFIG_TABLE["verify"] (or OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec,
+    x_prec, chunk_n, maxnreg, tma, pdl, gram), every tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
     OVERRIDE) adds a tail tile of next_pow2(P - BLOCK_P) rows (>= 16) when BLOCK_P < P:
     R = BLOCK_P + tail."""
     x, dt, B, C, z, A, D, dt_bias = (last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
@@ -1681,8 +1682,9 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     grid = (triton.cdiv(P, block_p + tail), H, bsz)
     block_t = max(16, _np2(T))
     bc_prec = mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION)
+    pre_gram = bool(ov.get("gram", VERIFY_PRE_GRAM))
     launches, gram, wait = [], x, {}        # (gram unread without the pre-pass)
-    if ov.get("gram", VERIFY_PRE_GRAM):     # the Gram matrices once per group, ahead of the verify
+    if pre_gram:    # the Gram matrices once per group, ahead of the verify
         gram = state_scratch(rs, "_gram_scratch", bsz * G * (block_l + block_t) * block_t,
                              x.device).view(torch.float32)
         pdl = pdl_meta(x.device, bool(ov.get("pdl", PDL)))
@@ -1703,7 +1705,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         T=T, BLOCK_T=block_t, BLOCK_P=block_p, TAIL_P=tail, BLOCK_N=block_n, BLOCK_L=block_l,
         HAS_Z=z is not None, HAS_IDX=state_indices is not None, RD_SCALE=rd_has,
         S_PREC=ov.get("s_prec", _verify_state_precision(rd.data.dtype, C.dtype, y.dtype)),
-        BC_PREC=bc_prec, PRE_GRAM=gram is not x, **wait,
+        BC_PREC=bc_prec, PRE_GRAM=pre_gram, **wait,
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
         EARLY_BUF=bool(early_buf), EXACT=_interpreting(), TMA=tma, num_warps=ov.get("warps", warps),
         GDC=pdl_meta(x.device, bool(ov.get("pdl", PDL)))["GDC"],
