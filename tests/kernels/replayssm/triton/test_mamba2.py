@@ -333,6 +333,26 @@ def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, m
     assert run_steps(rs, rr, shape, idx, 5, torch.bfloat16, g, what=f"fold chunks {route} cols {fold_cols}") >= 2
 
 
+def test_replay_prepass_rows(monkeypatch):
+    """Where the table runs the B_i . C pre-pass (bc) and with which tile, by batch x heads
+    (min_bh) and head dim (p_mod): fp32 reads from 12288, 16-bit from 6144 (32-row programs
+    from 32768 when 32 divides the head dim), dual fp8 from 24576 in 32-row programs; a
+    tuning override wins."""
+    from replayssm.triton import mamba2 as tk
+    super_, nano = (64, 128), (80, 96)     # (head dim, heads)
+    cases = [  # (dims, read bytes, dual, batch) -> (bc, rows)
+        (super_, 4, False, 64, False, 16), (super_, 4, False, 96, True, 16), (nano, 4, False, 96, False, 16),
+        (nano, 4, False, 128, True, 16), (super_, 2, True, 32, False, 16), (super_, 2, True, 64, True, 16),
+        (super_, 2, True, 256, True, 32), (nano, 2, False, 256, True, 16), (nano, 2, True, 64, True, 16),
+        (super_, 1, True, 128, False, 64), (super_, 1, True, 256, True, 32), (nano, 1, True, 256, True, 32),
+        (nano, 1, True, 128, False, 16)]
+    for (P, H), rb, dual, batch, bc, rows in cases:
+        v = tk.replay_variant(P, rb, batch, H, dual)
+        assert (v["bc"], v["block_p"]) == (bc, rows), (P, rb, dual, batch, v)
+    monkeypatch.setitem(tk.OVERRIDE, "replay", {"bc": False})
+    assert not tk.replay_variant(64, 4, 256, 128)["bc"]
+
+
 def test_replay_fold_cols_checked(monkeypatch):
     """fold_cols must be 0 or a power of 2 >= 16 (a tl.dot operand dim); pf 0, 1 or 2."""
     from replayssm.triton import mamba2 as tk
