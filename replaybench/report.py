@@ -442,8 +442,11 @@ def fig_speedup_heatmaps(df, manifest: dict, out_dir: Path, cpu: bool,
         Ks = sorted(s["flush_period"].unique())
         if len(Ls) * len(Ks) == 1 and model in covered:
             continue    # a 1x1 grid says less than the model-size figure, which shows these ratios
-        variants = sorted(s.groupby(["method", "backend", "lo_dtype", "spec_window"]).groups,
-                          key=lambda k: (_method_key(k[0]), k[1], str(k[2]), k[3]))
+        # one panel per state precision too: a run with fp32 and bf16 states of one method
+        # would otherwise draw both into one cell, the later row hiding the other
+        variants = sorted(s.groupby(["method", "backend", "state_dtype", "lo_dtype", "spec_window"]).groups,
+                          key=lambda k: (_method_key(k[0]), k[1], k[2] != "float32", str(k[2]), str(k[3]), k[4]))
+        states = {m: set(s[s["method"] == m]["state_dtype"]) for m in set(s["method"])}
         nr, nc = _grid(len(variants), 3)
         fig, axes = plt.subplots(nr, nc, figsize=(1.2 + 1.05 * max(3, len(Ks)) * nc,
                                                   1.3 + 0.8 * max(2, len(Ls)) * nr),
@@ -454,9 +457,9 @@ def fig_speedup_heatmaps(df, manifest: dict, out_dir: Path, cpu: bool,
         norm = mcolors.LogNorm(vmin=1.0 / hi, vmax=hi)
         cmap = plt.get_cmap("RdBu").with_extremes(bad="#e6e6e6")
         im = None
-        for ax, (method, backend, lo_dt, T) in zip(axes.flat, variants):
-            v = s[(s["method"] == method) & (s["backend"] == backend) & (s["lo_dtype"] == lo_dt)
-                  & (s["spec_window"] == T)]
+        for ax, (method, backend, sdt, lo_dt, T) in zip(axes.flat, variants):
+            v = s[(s["method"] == method) & (s["backend"] == backend) & (s["state_dtype"] == sdt)
+                  & (s["lo_dtype"] == lo_dt) & (s["spec_window"] == T)]
             grid = np.full((len(Ls), len(Ks)), np.nan)
             star = np.zeros((len(Ls), len(Ks)), dtype=bool)
             for _, r in v.iterrows():
@@ -481,6 +484,8 @@ def fig_speedup_heatmaps(df, manifest: dict, out_dir: Path, cpu: bool,
             ax.set_xlabel("flush period K (steps)")
             ax.set_ylabel("buffer length L (steps)")
             sub = f"{method} / {backend}"
+            if len(states[method]) > 1:
+                sub += f", state {sdt}"
             if lo_dt not in (None, "none"):
                 sub += f"\nlo {lo_dt}"
             if T:

@@ -177,3 +177,27 @@ def test_resumed_run_marks_ratios_across_sessions(tmp_path):
     assert "GPU-1" in head["sessions"] and "GPU-2" in head["sessions"] and "2 (resumed run" in head["sessions"]
     out = write_report("synthetic", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
     assert "different sessions of this resumed run" in (out / "report.md").read_text()
+
+
+def test_speedup_heatmap_has_a_panel_per_state_precision(tmp_path, monkeypatch):
+    # replay with fp32 and bf16 states in one run: each against the eager row of its own state
+    # dtype, in its own panel (one shared panel drew both into one cell, the later hiding the other)
+    import replaybench.report as rep
+    rows = []
+    for r in synthetic_rows("NVIDIA H200"):
+        if r["model"] == "tiny-mamba2" and r["backend"] == "triton" and r["method"] in ("eager", "replay"):
+            rows.append(r)
+            rows.append(dict(r, state_dtype="bfloat16", case_id=r["case_id"].replace("float32", "bfloat16"),
+                             median_us=r["median_us"] / (2.0 if r["method"] == "eager" else 1.5)))
+    st = make_run(tmp_path, device=GPU_DEVICE, rows=rows)
+    saved = []
+    monkeypatch.setattr(rep, "_save", lambda fig, out_dir, name: saved.append(fig) or (tmp_path / "a.png",
+                                                                                       tmp_path / "a.svg"))
+    rep.fig_speedup_heatmaps(st.dataframe(), st.manifest(), tmp_path, cpu=False)
+    (fig,) = saved
+    titles = sorted(ax.get_title() for ax in fig.axes if ax.get_title())
+    assert titles == ["replay / triton, state bfloat16", "replay / triton, state float32"]
+    texts = {ax.get_title(): sorted(t.get_text() for t in ax.texts) for ax in fig.axes if ax.get_title()}
+    # batch 16, L/K 16/16: fp32 eager 160 / replay 160 / 1.36; bf16 eager 80 / replay 160 / 1.36 / 1.5
+    assert texts["replay / triton, state float32"] == ["1.28×", "1.28×", "1.36×", "n/a"]
+    assert texts["replay / triton, state bfloat16"] == ["0.96×", "0.96×", "1.02×", "n/a"]
