@@ -64,9 +64,17 @@ def cache_lines(t: torch.Tensor, row_elems: int) -> tuple[int, int]:
 def state_scratch(rs, name: str, numel: int, device) -> torch.Tensor:
     """An int32 scratch tensor [>= numel] kept on the state object rs under attribute `name`:
     one allocation serves every call and a captured CUDA graph (reallocated only when a call
-    needs more, or another device)."""
+    needs more, or another device). A replaced tensor stays referenced (rs._scratch_retired):
+    a graph captured with it (say at a smaller batch, captured first) still reads and writes
+    it at every replay, so its memory must not go back to the allocator."""
     t = getattr(rs, name, None)
     if t is None or t.numel() < numel or t.device != torch.device(device):
+        if t is not None:
+            retired = getattr(rs, "_scratch_retired", None)
+            if retired is None:
+                retired = []
+                setattr(rs, "_scratch_retired", retired)
+            retired.append(t)
         t = torch.empty(numel, dtype=torch.int32, device=device)
         setattr(rs, name, t)
     return t

@@ -23,7 +23,8 @@ def test_tma_rows_where_tma_can_read():
 
 def test_state_scratch_is_kept_and_grown():
     """One int32 scratch per name on the state object: the same tensor while it is large
-    enough, a larger one when a call needs more."""
+    enough, a larger one when a call needs more; the replaced one stays referenced (a CUDA
+    graph captured with it keeps using its memory)."""
     class S:
         pass
     rs = S()
@@ -31,6 +32,7 @@ def test_state_scratch_is_kept_and_grown():
     assert a.dtype == torch.int32 and a.numel() == 5 and state_scratch(rs, "_x", 3, "cpu") is a
     b = state_scratch(rs, "_x", 9, "cpu")
     assert b.numel() == 9 and rs._x is b and state_scratch(rs, "_y", 2, "cpu") is not b
+    assert len(rs._scratch_retired) == 1 and rs._scratch_retired[0] is a
 
 
 def test_pdl_meta_only_where_the_device_has_it():
