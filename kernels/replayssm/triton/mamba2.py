@@ -176,7 +176,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False)
+                       maxnreg=None, pf=0, bc=False, pdl=None)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -339,7 +339,8 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
-            "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"])}
+            "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
+            "pdl": PDL if v["pdl"] is None else bool(v["pdl"])}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -1476,7 +1477,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     bc, pdl = x, {}     # (bc unread without the pre-pass)
     if v["bc"]:     # B_i . C once per group (the step's PRE_BC), into a scratch kept on rs
         bc = state_scratch(rs, "_bc_scratch", bsz * G * block_l, x.device).view(torch.float32)
-        pdl = pdl_meta(x.device, bool(OVERRIDE.get("replay", {}).get("pdl", PDL)))
+        pdl = pdl_meta(x.device, v["pdl"])
         launches.append(_record(_buffer_bc_kernel, (G, bsz))(
             C, rs.B, bc, idx, N, min(rs.flush_period, L), C.stride(0), C.stride(1),
             rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
@@ -1683,11 +1684,11 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     block_t = max(16, _np2(T))
     bc_prec = mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION)
     pre_gram = bool(ov.get("gram", VERIFY_PRE_GRAM))
+    pdl = pdl_meta(x.device, bool(ov.get("pdl", PDL)))
     launches, gram, wait = [], x, {}        # (gram unread without the pre-pass)
     if pre_gram:    # the Gram matrices once per group, ahead of the verify
         gram = state_scratch(rs, "_gram_scratch", bsz * G * (block_l + block_t) * block_t,
                              x.device).view(torch.float32)
-        pdl = pdl_meta(x.device, bool(ov.get("pdl", PDL)))
         wait = {"GDC_WAIT": pdl["GDC"], **({"launch_pdl": True} if pdl["GDC"] else {})}
         launches.append(_record(_verify_gram_kernel, (G, bsz))(
             B, C, rs.B, gram, idx, L, N, B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1),
@@ -1708,8 +1709,7 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
         BC_PREC=bc_prec, PRE_GRAM=pre_gram, **wait,
         X_PREC=ov.get("x_prec", "split3b" if rs.x.dtype == torch.bfloat16 else FOLD_DOT_PRECISION),
         EARLY_BUF=bool(early_buf), EXACT=_interpreting(), TMA=tma, num_warps=ov.get("warps", warps),
-        GDC=pdl_meta(x.device, bool(ov.get("pdl", PDL)))["GDC"],
-        **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {})))
+        GDC=pdl["GDC"], **({"maxnreg": int(ov["maxnreg"])} if ov.get("maxnreg") else {})))
     return launches, y
 
 
