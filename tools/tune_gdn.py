@@ -223,6 +223,9 @@ def vname(c) -> str:
         s += " pre"
     if c.get("PDL") is False:
         s += " no-pdl"
+    if c.get("FOLD_CALL") and not c.get("SPLIT"):
+        s += f" call c{c.get('CHUNK_F', 32)}"
+    s += opts
     f = {k[2:]: v for k, v in c.items() if k.startswith("F_")}
     if f:
         s += " | B " + ",".join(f"{k}{v}" for k, v in f.items())
@@ -390,7 +393,16 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # session 15: the SPLIT step's flush launch as a programmatic dependent (gdn.PDL) vs not,
          # the table's rows otherwise
          **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))
-            for m in ("f32", "dual-bf16") for b in (32, 256)}}
+            for m in ("f32", "dual-bf16") for b in (32, 256)},
+         # session 20: one launch again (ticket cursor), the flushing programs folding each chunk in
+         # a call (FOLD_CALL, CHUNK_F columns at a time) instead of the SPLIT step's flush launch
+         # (Nsight Compute, Qwen3.5-122B fp32 b256: 312 us output launch + 61 us flush launch at
+         # 40 % of DRAM peak). sm_90 registers (fp32 / bf16 state; SPLIT 96 / 168): c16 128 / 160,
+         # c32 158 / 180; fp32 c16 under a 96 budget spills 40 bytes
+         **{f"foldcall-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, SPLIT=False, FOLD_CALL=True, **o) for o in (
+             dict(CHUNK_F=16), dict(CHUNK_F=32), dict(CHUNK_F=16, maxnreg=96), dict(CHUNK_F=16, maxnreg=112),
+             dict(CHUNK_F=16, BLOCK_V=32, num_warps=4, NR=4, HP=2))], b, ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (64, 128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

@@ -192,6 +192,15 @@ REPLAY_CASES = [
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
     ("dual-fp8-gqa-split-foldmma", GQA, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
+    # one launch (ticket cursor) whose flushing programs fold each chunk in a call (FOLD_CALL): the
+    # entries 0..n-1 from the buffer, entry n from this step's inputs and the u just stored;
+    # several chunks and heads per program, a 16-bit high copy, GQA with bf16 activations
+    ("f32-tall-fused-foldcall", TALL, "replay", "float32", None, torch.float32, 6, 4,
+     {"BLOCK_V": 16, "NR": 2, "HP": 2, "FOLD_CALL": True}),
+    ("bf16-state-tall-fused-foldcall", TALL, "replay", "bfloat16", None, torch.bfloat16, 5, 4,
+     {"BLOCK_V": 16, "HP": 2, "PF": 2, "FOLD_CALL": True}),
+    ("f32-gqa-fused-foldcall-bf16", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
+     {"BLOCK_V": 16, "HP": 2, "PREFETCH": True, "FOLD_CALL": True}),
     # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
     ("f32-tall-split-rank1", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
@@ -220,6 +229,24 @@ def test_fold_route_cases_take_that_route(case):
         assert plans[1][0] is TK._gdn_dual_2pass_kernel and plans[1][3]["WRITE_O"] and not plans[1][3]["COMPACT"]
     else:
         assert bool(plans[1][3].get("FOLD_MMA")) is cfg["F_FOLD_MMA"], name
+
+
+@pytest.mark.parametrize("case", [c for c in REPLAY_CASES if (c[-1] or {}).get("FOLD_CALL")],
+                         ids=[c[0] for c in REPLAY_CASES if (c[-1] or {}).get("FOLD_CALL")])
+def test_fold_call_cases_take_that_route(case):
+    # one launch whose flush folds in the call; not where the call cannot serve (a SPLIT step,
+    # a dual state, chunks tl.dot does not take)
+    name, sh, mode, sd, lo, act, L, K, cfg = case
+    from replayssm.triton import gdn as TK
+    rs, _ = make_pair(sh, 4, L, K, mode, sd, lo, act, gen(3))
+    x = step_inputs(sh, 3, act, gen(4))
+    plan = lambda c: TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=c)  # noqa: E731
+    plans = plan(cfg)
+    assert len(plans) == 1 and plans[0][3]["FOLD_CALL"] is True and plans[0][3]["BLOCK_F"] >= max(16, K), name
+    assert not plan({**cfg, "BLOCK_V": 8})[0][3].get("FOLD_CALL"), name
+    assert not plan({**cfg, "SPLIT": True})[0][3].get("FOLD_CALL"), name
+    rd, _ = make_pair(sh, 4, L, K, "dual", "float32", "bfloat16", act, gen(3))
+    assert not TK.plan_replay(rd, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)[0][3].get("FOLD_CALL")
 
 
 def test_verify_precision_defaults(monkeypatch):
