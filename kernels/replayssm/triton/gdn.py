@@ -964,10 +964,12 @@ def _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w, writer, NW
     padded; this step's entry is at n = its count): rows with n + 1 >= K or a stale low copy
     (LO_STALE) flush, ranked in batch order. The programs with `writer` set (one per worker)
     write the cursors of rows b % NW == w: 0 after a flush, else n + 1. Returns (bb, nb, fl,
-    rank) over the BLOCK_B rows (nb: the counts, -1 padded) and this worker's count of ranks
-    w, w + NW, ... STALE: a dual state (other states' words carry no LO_STALE bit)."""
+    rank, sl) over the BLOCK_B rows (nb: the counts, -1 padded; sl: their slots, loaded with
+    the words so that a worker's row costs no further round trip) and this worker's count of
+    ranks w, w + NW, ... STALE: a dual state (other states' words carry no LO_STALE bit)."""
     bb = tl.arange(0, BLOCK_B)
     word = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
+    sl = tl.load(idx_ptr + bb, mask=bb < batch, other=0)
     if STALE:
         nb = tl.where(word >= 0, word & _CUR_MASK, -1)
         fl = (nb >= 0) & ((nb + 1 >= flush_period) | ((word & _LO_STALE) != 0))
@@ -977,15 +979,20 @@ def _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w, writer, NW
     rank = tl.cumsum(fl.to(tl.int32), 0) - 1
     if writer:
         mine = (nb >= 0) & (bb % NW == w)
-        sl = tl.load(idx_ptr + bb, mask=mine, other=0)
         tl.store(cur_ptr + sl, tl.where(fl, 0, nb + 1), mask=mine)
-    return bb, nb, fl, rank, tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)
+    return bb, nb, fl, rank, sl, tl.sum((fl & (rank % NW == w)).to(tl.int32), 0)
 
 
 @triton.jit
 def _ranked_key(bb, nb, fl, rank, r):
     """(b << 16) | n of the flushing row of rank r (-1: none), from _scan_flushing (n < 2^16, b < 2^15)."""
     return tl.max(tl.where(fl & (rank == r), (bb << 16) | nb, -1), 0)
+
+
+@triton.jit
+def _ranked_slot(sl, fl, rank, r):
+    """The state slot of the flushing row of rank r (-1: none), from _scan_flushing."""
+    return tl.max(tl.where(fl & (rank == r), sl, -1), 0)
 
 
 @triton.jit
@@ -1089,7 +1096,7 @@ def _gdn_flush_step_kernel(
     if COMPACT:
         n_mine = (tl.load(nxt_ptr + batch) - w + NW - 1) // NW       # this worker's ranks w, w + NW, ...
     else:   # (the rank-1 path below does not use n_mine)
-        bb, nb, fl, rank, n_mine = _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w,
+        bb, nb, fl, rank, sl, n_mine = _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w,
                                                   (pid0 == 0) & (kh == 0), NW, BLOCK_B, DUAL)
     for t in range(NT):
         if COMPACT:
@@ -1099,8 +1106,10 @@ def _gdn_flush_step_kernel(
             hit = key >= 0
         elif FOLD_MMA:   # past its own ranks a worker skips the reduction; one finds the row and its cursor
             key = n_mine * 0 - 1
+            sk = key
             if t < n_mine:
                 key = _ranked_key(bb, nb, fl, rank, w + t * NW)
+                sk = _ranked_slot(sl, fl, rank, w + t * NW)
             hit = key >= 0
         else:
             pick = fl & (rank == w + t * NW)
@@ -1112,7 +1121,12 @@ def _gdn_flush_step_kernel(
             else:
                 b = tl.sum(tl.where(pick, bb, 0), 0).to(tl.int64)
                 n = tl.sum(tl.where(pick, nb, 0), 0)          # entries 0..n are folded
-            slot64 = tl.load(idx_ptr + b).to(tl.int64)
+            if COMPACT:
+                slot64 = tl.load(idx_ptr + b).to(tl.int64)
+            elif FOLD_MMA:
+                slot64 = sk.to(tl.int64)
+            else:
+                slot64 = tl.sum(tl.where(pick, sl, 0), 0).to(tl.int64)
             if FOLD_MMA:   # per-sequence keys, shared by the chunks
                 ll = tl.arange(0, BLOCK_L)
                 lm = ll <= n
@@ -1427,17 +1441,18 @@ def _gdn_dual_2pass_kernel(
     if COMPACT:
         n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
     else:
-        bb, nb, fl, rank, n_mine = _scan_flushing(lst_ptr, idx_ptr, cur_ptr, batch, flush_period, w, pid1 == 0,
+        bb, nb, fl, rank, sl, n_mine = _scan_flushing(lst_ptr, idx_ptr, cur_ptr, batch, flush_period, w, pid1 == 0,
                                                   NW, BLOCK_B, True)
     for t in range(NT):
         if t < n_mine:
             if COMPACT:
                 key = tl.load(lst_ptr + w + t * NW)
+                slot64 = tl.load(idx_ptr + (key >> 16)).to(tl.int64)
             else:
                 key = _ranked_key(bb, nb, fl, rank, w + t * NW)
+                slot64 = _ranked_slot(sl, fl, rank, w + t * NW).to(tl.int64)
             b = (key >> 16).to(tl.int64)
             n = key & 0xFFFF
-            slot64 = tl.load(idx_ptr + b).to(tl.int64)
             lm = ll <= n
             ent = slot64 * L + ll
             el = ent * HV + h
