@@ -223,8 +223,6 @@ def vname(c) -> str:
         s += " pre"
     if c.get("PDL") is False:
         s += " no-pdl"
-    if c.get("FOLD_CALL") and not c.get("SPLIT"):
-        s += f" call c{c.get('CHUNK_F', 32)}"
     s += opts
     f = {k[2:]: v for k, v in c.items() if k.startswith("F_")}
     if f:
@@ -394,15 +392,6 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # the table's rows otherwise
          **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))
             for m in ("f32", "dual-bf16") for b in (32, 256)},
-         # session 20: one launch again (ticket cursor), the flushing programs folding each chunk in
-         # a call (FOLD_CALL, CHUNK_F columns at a time) instead of the SPLIT step's flush launch
-         # (Nsight Compute, Qwen3.5-122B fp32 b256: 312 us output launch + 61 us flush launch at
-         # 40 % of DRAM peak). sm_90 registers (fp32 / bf16 state; SPLIT 96 / 168): c16 128 / 160,
-         # c32 158 / 180; fp32 c16 under a 96 budget spills 40 bytes
-         **{f"foldcall-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, SPLIT=False, FOLD_CALL=True, **o) for o in (
-             dict(CHUNK_F=16), dict(CHUNK_F=32), dict(CHUNK_F=16, maxnreg=96), dict(CHUNK_F=16, maxnreg=112),
-             dict(CHUNK_F=16, BLOCK_V=32, num_warps=4, NR=4, HP=2))], b, ("q122b", "q4b"))
-            for m in ("f32", "bf16") for b in (64, 128, 256, 512)},
          # session 20: the SPLIT step's flush launch (fp32 FOLD_MMA, 32 rows x 4 warps, 168 registers:
          # 3 programs per SM, 10 waves of one-chunk programs at Qwen3.5-122B b256, each a chain of
          # dependent loads; 61 us at 40 % of DRAM peak). sm_90 registers: NR 2 127, 32 x 8 warps 116,
@@ -410,7 +399,9 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"flushtile-f32-b{b}": ("f32", [_table("f32", b)] + [_table("f32", b, **o) for o in (
              dict(F_NR=2), dict(F_NR=4), dict(F_BLOCK_V=32, F_num_warps=8), dict(F_BLOCK_V=64, F_num_warps=8),
              dict(F_maxnreg=128), dict(F_NR=2, F_PF_DIST=1))], b, ("q122b", "q4b"))
-            for b in (128, 256, 512)}}
+            for b in (128, 256, 512)},
+         **{f"flushtile-bf16-b{b}": ("bf16", [_table("bf16", b)] + [_table("bf16", b, **o) for o in (
+             dict(F_NR=2), dict(F_NR=4))], b, ("q122b", "q4b")) for b in (256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

@@ -123,8 +123,15 @@ CONFIGS: dict[str, list[tuple]] = {
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 128, 4, _BIG_READ)],
     # FOLD_MMA, Qwen3.5-122B b256 step vs rank-1 folds, same config otherwise (tools/tune_gdn.py):
-    # fp32 450 vs 563 us (session 5), bf16 state 246 vs 346 us (session 8)
-    "flush_step": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    # fp32 450 vs 563 us (session 5), bf16 state 246 vs 346 us (session 8). Above batch 128, two
+    # chunks per program (NR 2: half the programs, 127 registers instead of 168, each chunk's
+    # loads hinted ahead of the other's). Whole fp32 step, NR 2 vs 1, Qwen3.5-122B / Qwen3.5-4B
+    # (tune_gdn_s20b_flushtile*.txt, two runs): b256 367.6 / 197.0 us vs 377.9 / 203.1 (367.1 /
+    # 197.0 vs 377.5 / 202.8), b512 718.3 / 373.9 vs 778.8 / 399.1 (NR 4 712.0 / 372.2)
+    "flush_step": [(128, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
+                   (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    # 16-bit high copies (bf16 state): one chunk per program at every batch (NR 2 not timed there)
+    "flush_step:2": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
     # dual states (u recomputed by the triangular solve): 16 rows x 2 warps, a whole head (NR 8:
     # one inverse per head) per program, the small products in Triton's "tf32x3". Qwen3.5-122B
     # b256, dual bf16: 290 us (NR 8) vs 329 (NR 1) and 406 rank-1; dual fp8 278 vs 404 us
@@ -591,61 +598,6 @@ def _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3
     return tl.sum(Pk, 1), tl.sum(Pq, 1)
 
 
-@triton.jit(noinline=True)
-def _flush_chunk_call(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, k_ptr, g_ptr, k_off, g_off, slot64, h, kh, r_start, n,
-                      HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_F: tl.constexpr, CHUNK_K: tl.constexpr,
-                      FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr):
-    """The fused replay step's fold (FOLD_CALL), as a call with scalar arguments: no tile of the
-    output path is live across it. Folds entries 0..n into rows r_start.. of the HIGH chunk of
-    (slot64, value head h) and writes it back, as matrix products (the flush step's FOLD_MMA, at
-    FOLD_PREC; BLOCK_F >= 16 entries, for tl.dot):
-        S = e^{C_n} S_c + (U * w) Kb,  w_i = e^{C_n - c_i} / |k_i|  (0 past n),
-    U [rows, BLOCK_F] the stored u rows (entry n: this step's, stored by the caller before its
-    barrier), Kb the raw keys and c the running sums of g, entries 0..n-1 from the buffer and
-    entry n from this step's inputs (k at k_ptr + k_off, g at g_ptr + g_off), which other
-    programs of the launch append. Reads nothing another program writes. CHUNK_K columns of
-    the chunk at a time: a kernel's registers are those of its largest callee, so the call's
-    live tiles are kept to [rows, CHUNK_K]. 16/32-bit high copies (an fp8 row scale needs
-    whole rows: the planner keeps fp8 on the inline fold)."""
-    rr = r_start + tl.arange(0, BLOCK_R)
-    rm = rr < DV
-    ll = tl.arange(0, BLOCK_F)
-    ent = slot64 * L + ll
-    kmask = ll < n
-    k_n = (ll == n)[:, None]
-    ss = tl.zeros([BLOCK_F], tl.float32)       # |k_i|^2, a column chunk at a time
-    for c0 in range(0, BLOCK_K, CHUNK_K):     # dynamic: unrolled, every chunk's loads are hoisted
-        cc = c0 + tl.arange(0, CHUNK_K)
-        kc = _fold_key_cols(kb_ptr, k_ptr, k_off, ent, kmask, k_n, kh, cc, HK, DK)
-        ss += tl.sum(kc * kc, 1)
-    gl = tl.load(gb_ptr + ent * HV + h, mask=kmask, other=0.0).to(tl.float32)
-    gl = tl.where(ll == n, tl.load(g_ptr + g_off).to(tl.float32), gl)
-    cl = tl.cumsum(gl, 0)
-    Cn = tl.sum(gl, 0)
-    wl = tl.where(ll <= n, tl.exp(Cn - cl) * tl.rsqrt(ss + EPS), 0.0)              # exponents <= 0
-    Uw = _u_tile(ub_ptr, ent, h, rr, ll <= n, HV, DV) * wl[None, :]
-    eC = tl.exp(Cn)
-    row = (slot64 * HV + h) * DV + rr
-    for c0 in range(0, BLOCK_K, CHUNK_K):     # dynamic: unrolled, every chunk's loads are hoisted
-        cc = c0 + tl.arange(0, CHUNK_K)
-        kc = _fold_key_cols(kb_ptr, k_ptr, k_off, ent, kmask, k_n, kh, cc, HK, DK)
-        tile = row[:, None] * DK + cc[None, :]
-        m2 = rm[:, None] & (cc < DK)[None, :]
-        S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, False)
-        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, eC * S + mm(Uw, kc, FOLD_PREC, INTERP), m2, rm, False, INTERP)
-
-
-@triton.jit
-def _fold_key_cols(kb_ptr, k_ptr, k_off, ent, kmask, k_n, kh, cc, HK: tl.constexpr, DK: tl.constexpr):
-    """Columns cc of the fold's raw keys [BLOCK_F, len(cc)] fp32: buffer entries where kmask,
-    this step's k (at k_ptr + k_off) in the row where k_n, 0 elsewhere."""
-    cm = cc < DK
-    kc = tl.load(kb_ptr + (ent * HK + kh)[:, None] * DK + cc[None, :], mask=kmask[:, None] & cm[None, :],
-                 other=0.0).to(tl.float32)
-    return tl.where(k_n, tl.load(k_ptr + k_off + cc, mask=cm, other=0.0).to(tl.float32)[None, :], kc)
-
-
 @triton.jit
 def _gdn_replay_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr,
@@ -659,8 +611,7 @@ def _gdn_replay_kernel(
     RD_KIND: tl.constexpr,
     RD_LPR: tl.constexpr, RD_LS: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, U_LPR: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    GDC: tl.constexpr = False, FOLD_CALL: tl.constexpr = False, BLOCK_F: tl.constexpr = 16,
-    FOLD_PREC: tl.constexpr = "tf32x3", CHUNK_F: tl.constexpr = 32,
+    GDC: tl.constexpr = False,
 ):
     """One ReplaySSM step. A program owns HP value heads (of one key head) x NR chunks of
     BLOCK_R rows of one sequence and streams its HP * NR chunks (state rows, buffered u rows,
@@ -902,13 +853,6 @@ def _gdn_replay_kernel(
                 if DUAL:
                     tl.store(vb_ptr + (ent * HV + h) * DV + rr, cast(v_c, vb_ptr.dtype.element_ty, INTERP),
                              mask=rm & ok)
-                elif (not SPLIT) and FOLD_CALL:
-                    if do_flush:   # u_n where the call reads it, visible to the whole program
-                        tl.store(ub_ptr + (ent * HV + h) * DV + rr, u, mask=rm & ok)
-                        tl.debug_barrier()
-                        _flush_chunk_call(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, k_ptr, g_ptr, b * skb + kh * skh,
-                                          b * sgb + h * sgh, slot64, h, kh, rs, n, HV, HK, DK, DV, L, BLOCK_R, BLOCK_K,
-                                          BLOCK_F, CHUNK_F, FOLD_PREC, INTERP, EPS)
                 elif not SPLIT:
                     if do_flush:
                         # the checkpoint chunk again (just read: a cache hit), as a plain tile
@@ -1097,7 +1041,7 @@ def _gdn_flush_step_kernel(
         n_mine = (tl.load(nxt_ptr + batch) - w + NW - 1) // NW       # this worker's ranks w, w + NW, ...
     else:   # (the rank-1 path below does not use n_mine)
         bb, nb, fl, rank, sl, n_mine = _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w,
-                                                  (pid0 == 0) & (kh == 0), NW, BLOCK_B, DUAL)
+                                                      (pid0 == 0) & (kh == 0), NW, BLOCK_B, DUAL)
     for t in range(NT):
         if COMPACT:
             key = n_mine * 0 - 1
@@ -1109,7 +1053,8 @@ def _gdn_flush_step_kernel(
             sk = key
             if t < n_mine:
                 key = _ranked_key(bb, nb, fl, rank, w + t * NW)
-                sk = _ranked_slot(sl, fl, rank, w + t * NW)
+                if not DUAL:    # (dual: the slots kept live cost the solve's tile a spill)
+                    sk = _ranked_slot(sl, fl, rank, w + t * NW)
             hit = key >= 0
         else:
             pick = fl & (rank == w + t * NW)
@@ -1121,7 +1066,7 @@ def _gdn_flush_step_kernel(
             else:
                 b = tl.sum(tl.where(pick, bb, 0), 0).to(tl.int64)
                 n = tl.sum(tl.where(pick, nb, 0), 0)          # entries 0..n are folded
-            if COMPACT:
+            if COMPACT or (DUAL and FOLD_MMA):
                 slot64 = tl.load(idx_ptr + b).to(tl.int64)
             elif FOLD_MMA:
                 slot64 = sk.to(tl.int64)
@@ -1441,18 +1386,17 @@ def _gdn_dual_2pass_kernel(
     if COMPACT:
         n_mine = (tl.load(lst_ptr + batch) - w + NW - 1) // NW
     else:
-        bb, nb, fl, rank, sl, n_mine = _scan_flushing(lst_ptr, idx_ptr, cur_ptr, batch, flush_period, w, pid1 == 0,
-                                                  NW, BLOCK_B, True)
+        bb, nb, fl, rank, _, n_mine = _scan_flushing(lst_ptr, idx_ptr, cur_ptr, batch, flush_period, w, pid1 == 0,
+                                                     NW, BLOCK_B, True)
     for t in range(NT):
         if t < n_mine:
             if COMPACT:
                 key = tl.load(lst_ptr + w + t * NW)
-                slot64 = tl.load(idx_ptr + (key >> 16)).to(tl.int64)
             else:
                 key = _ranked_key(bb, nb, fl, rank, w + t * NW)
-                slot64 = _ranked_slot(sl, fl, rank, w + t * NW).to(tl.int64)
             b = (key >> 16).to(tl.int64)
             n = key & 0xFFFF
+            slot64 = tl.load(idx_ptr + b).to(tl.int64)
             lm = ll <= n
             ent = slot64 * L + ll
             el = ent * HV + h
@@ -1845,10 +1789,6 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     meta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, SPLIT=split, PK=pk, RD_KIND=kind, RD_LPR=rd_lpr,
                 RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, **rm, **ck_meta)
-    if not split and not dual and cfg.get("FOLD_CALL") and _fold_mma_fits(rs, {**cfg, "FOLD_MMA": True}, rm["BLOCK_R"]):
-        meta.update(FOLD_CALL=True, BLOCK_F=max(16, rm["BLOCK_L"]), FOLD_PREC=_fold_precision(rs, cfg),
-                    CHUNK_F=max(16, min(int(cfg.get("CHUNK_F", 32)), cfg["BLOCK_K"])))
-    _launch_options(meta, cfg)
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
         fc = _flush_step_row(rs, batch, "flush_step", config)

@@ -254,8 +254,15 @@ VERIFY_F32_PRECISION = "tf32x3"
 VERIFY_CHUNK_N = 32
 # Verify: the Gram matrices (B_i . C_t of the buffer and of the drafts, the same for every head
 # of a group) from a launch ahead of the verify (_verify_gram_kernel, PRE_GRAM) instead of from
-# each program's B tiles and MMAs. OVERRIDE["verify"]["gram"] for tuning.
-VERIFY_PRE_GRAM = False
+# each program's B tiles and MMAs. None: for fp32 read copies whose heads the programs tile
+# without a tail, from batch x heads VERIFY_PRE_GRAM_MIN_BH; True / False: always / never;
+# OVERRIDE["verify"]["gram"] for tuning. H200, T 4 round, default vs with it (tools/tune_spec.py,
+# tune_spec_gram_b128.txt / _b256.txt, session 20): Super fp32 b128 232.6 vs 228.7 us, b256
+# 445.0 vs 436.2; where it did not pay: Nano fp32 (64 + 16-row programs) 243.0 vs 243.4 /
+# 467.4 vs 466.7, Super dual bf16 196.3 vs 195.8 / 373.1 vs 373.9, Nano dual bf16 191.1 vs
+# 207.6 / 361.5 vs 395.1
+VERIFY_PRE_GRAM: bool | None = None
+VERIFY_PRE_GRAM_MIN_BH = 16384
 # Precision of the flush fold's tl.dot (sum_i w_i x_i B_i^T over <= L entries). With a bf16
 # buffer the fold runs as "bf16x3" (exact products, see _outer_sum); with other buffers it
 # uses FOLD_DOT_PRECISION on fp32 operands: "tf32x3" (three TF32 MMAs, ~2^-22 relative per
@@ -1647,8 +1654,8 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
     """([launches], y) of speculative verification; see verify: the verify launch, after a
-    _verify_gram_kernel launch with the Gram pre-pass (VERIFY_PRE_GRAM, or OVERRIDE["verify"]
-    gram). Grid (cdiv(P, R), H, b): one [R, N] state tile per program, R = BLOCK_P from
+    _verify_gram_kernel launch with the Gram pre-pass where VERIFY_PRE_GRAM's rule (or
+    OVERRIDE["verify"] gram) says. Grid (cdiv(P, R), H, b): one [R, N] state tile per program, R = BLOCK_P from
     CONFIG_TABLE["verify"] (or OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec,
     x_prec, chunk_n, maxnreg, tma, pdl, gram), every tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
     OVERRIDE) adds a tail tile of next_pow2(P - BLOCK_P) rows (>= 16) when BLOCK_P < P:
@@ -1683,7 +1690,10 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
     grid = (triton.cdiv(P, block_p + tail), H, bsz)
     block_t = max(16, _np2(T))
     bc_prec = mma_precision(rs.B.dtype, C.dtype, VERIFY_F32_PRECISION)
-    pre_gram = bool(ov.get("gram", VERIFY_PRE_GRAM))
+    pre_gram = ov.get("gram", VERIFY_PRE_GRAM)
+    if pre_gram is None:
+        pre_gram = _state_bytes(rd) == 4 and not tail and bsz * H >= VERIFY_PRE_GRAM_MIN_BH
+    pre_gram = bool(pre_gram)
     pdl = pdl_meta(x.device, bool(ov.get("pdl", PDL)))
     launches, gram, wait = [], x, {}        # (gram unread without the pre-pass)
     if pre_gram:    # the Gram matrices once per group, ahead of the verify

@@ -192,15 +192,6 @@ REPLAY_CASES = [
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
     ("dual-fp8-gqa-split-foldmma", GQA, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
-    # one launch (ticket cursor) whose flushing programs fold each chunk in a call (FOLD_CALL): the
-    # entries 0..n-1 from the buffer, entry n from this step's inputs and the u just stored;
-    # several chunks and heads per program, a 16-bit high copy, GQA with bf16 activations
-    ("f32-tall-fused-foldcall", TALL, "replay", "float32", None, torch.float32, 6, 4,
-     {"BLOCK_V": 16, "NR": 2, "HP": 2, "FOLD_CALL": True}),
-    ("bf16-state-tall-fused-foldcall", TALL, "replay", "bfloat16", None, torch.bfloat16, 5, 4,
-     {"BLOCK_V": 16, "HP": 2, "PF": 2, "FOLD_CALL": True}),
-    ("f32-gqa-fused-foldcall-bf16", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
-     {"BLOCK_V": 16, "HP": 2, "PREFETCH": True, "FOLD_CALL": True}),
     # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
     ("f32-tall-split-rank1", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
@@ -231,24 +222,6 @@ def test_fold_route_cases_take_that_route(case):
         assert bool(plans[1][3].get("FOLD_MMA")) is cfg["F_FOLD_MMA"], name
 
 
-@pytest.mark.parametrize("case", [c for c in REPLAY_CASES if (c[-1] or {}).get("FOLD_CALL")],
-                         ids=[c[0] for c in REPLAY_CASES if (c[-1] or {}).get("FOLD_CALL")])
-def test_fold_call_cases_take_that_route(case):
-    # one launch whose flush folds in the call; not where the call cannot serve (a SPLIT step,
-    # a dual state, chunks tl.dot does not take)
-    name, sh, mode, sd, lo, act, L, K, cfg = case
-    from replayssm.triton import gdn as TK
-    rs, _ = make_pair(sh, 4, L, K, mode, sd, lo, act, gen(3))
-    x = step_inputs(sh, 3, act, gen(4))
-    plan = lambda c: TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=c)  # noqa: E731
-    plans = plan(cfg)
-    assert len(plans) == 1 and plans[0][3]["FOLD_CALL"] is True and plans[0][3]["BLOCK_F"] >= max(16, K), name
-    assert not plan({**cfg, "BLOCK_V": 8})[0][3].get("FOLD_CALL"), name
-    assert not plan({**cfg, "SPLIT": True})[0][3].get("FOLD_CALL"), name
-    rd, _ = make_pair(sh, 4, L, K, "dual", "float32", "bfloat16", act, gen(3))
-    assert not TK.plan_replay(rd, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)[0][3].get("FOLD_CALL")
-
-
 def test_verify_precision_defaults(monkeypatch):
     # fp32 state x bf16 keys: the two-pass truncation split; small fp32 products: three passes;
     # VERIFY_F32_PRECISION names one precision for all of them instead
@@ -272,6 +245,17 @@ def test_fold_mma_is_the_default_for_16_and_32_bit_high_copies():
         plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"],
                                config={"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16})
         assert plans[1][3].get("FOLD_MMA") is True, (mode, sd, lo)
+
+
+def test_flush_step_rows():
+    """The SPLIT step's flush launch of an fp32 high copy: one 32-row chunk per program up to
+    batch 128, two above (the f32-tall-split-foldmma case runs that fold against the
+    reference); a 16-bit high copy keeps one."""
+    from replayssm.triton import gdn as TK
+    nr = lambda op, b: TK.pick_config(op, b, 128, 128, 16).get("NR", 1)   # noqa: E731
+    assert [nr("flush_step", b) for b in (1, 128, 129, 512)] == [1, 1, 2, 2]
+    assert TK.pick_config("flush_step", 256, 128, 128, 16)["BLOCK_V"] == 32
+    assert TK.pick_config("flush_step", 512, 128, 128, 16, state_bytes=2)["NR"] == 1     # bf16 state
 
 
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
@@ -802,9 +786,10 @@ for b in (1, 256):
             res[f"replay eager-route {mode} b1"] = G.plan_replay(rs(mode, lo), **i, state_indices=None, scale=.1,
                                                                  o=i["v"], config={"EAGER_ROUTE": True, "BLOCK_V": 8,
                                                                                    "num_warps": 1})[0]
-    if b > 1:   # the flush step's rank-1 fold (FOLD_MMA is the default); the opt-in two-pass dual flush
+    if b > 1:   # the flush step's rank-1 fold (FOLD_MMA is the default; one chunk per program: at the
+        # table's two it spills); the opt-in two-pass dual flush
         res["replay rank-1 flush step b256"] = G.plan_replay(rs("replay"), **i, state_indices=None, scale=.1,
-                                                             o=i["v"], config={"F_FOLD_MMA": False})[-1]
+                                                             o=i["v"], config={"F_FOLD_MMA": False, "F_NR": 1})[-1]
         res["replay dual two-pass b256 launch 1"] = G.plan_replay(
             rs("dual", "bfloat16"), **i, state_indices=None, scale=.1, o=i["v"],
             config={"F_TWO_PASS": True, "F_BLOCK_V": 128, "F_num_warps": 4, "F_CHUNK_K": 16})[-1]

@@ -593,6 +593,30 @@ def test_verify_gram_prepass(device, case, monkeypatch):
     assert (first.kernel, second.kernel, second.meta["PRE_GRAM"]) == (tk._verify_gram_kernel, tk._verify_kernel, True)
 
 
+def test_verify_gram_rows(monkeypatch):
+    """Where the verify runs its Gram pre-pass by default: fp32 read copies whose heads are
+    tiled without a tail (Super's 64-row heads; not Nano's 64 + 16), from batch x heads
+    VERIFY_PRE_GRAM_MIN_BH (Super b128); never for a dual state's 16-bit read copy; the
+    module flag and a tuning override win."""
+    from replayssm.state import Mamba2ReplayState
+    from replayssm.triton import mamba2 as tk
+
+    def kernels(P, H, batch, mode="replay", lo=None):
+        rs = Mamba2ReplayState.allocate(2, H, P, 128, 8, 20, 16, mode=mode, lo_dtype=lo, device="meta")
+        inp = I.mamba2_step_inputs(I.Mamba2Shape(H, P, 128, 8), batch, T=4, act_dtype=torch.bfloat16, device="meta")
+        prm = I.mamba2_params(I.Mamba2Shape(H, P, 128, 8), device="meta")
+        return [launch.kernel for launch in tk.plan_verify(rs, **inp, **prm)[0]]
+
+    gram = [tk._verify_gram_kernel, tk._verify_kernel]
+    assert kernels(64, 128, 128) == gram and kernels(64, 128, 96) == [tk._verify_kernel]
+    assert kernels(80, 96, 256) == [tk._verify_kernel]
+    assert kernels(64, 128, 256, "dual", "bfloat16") == [tk._verify_kernel]
+    monkeypatch.setattr(tk, "VERIFY_PRE_GRAM", True)
+    assert kernels(80, 96, 8) == [tk._verify_gram_kernel, tk._verify_kernel]
+    monkeypatch.setitem(tk.OVERRIDE, "verify", {"gram": False})
+    assert kernels(64, 128, 256) == [tk._verify_kernel]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("listed,rounds", [(True, 40), (False, 12)], ids=["list", "per-row"])
 def test_commit_routes_long_horizon(device, listed, rounds, monkeypatch):
@@ -885,7 +909,10 @@ def test_cuda_graph_eager():
 @pytest.mark.parametrize("model,batch,mode,lo,act", [
     ("nemotron-3-super-120b", 16, "dual", "float8_e4m3", torch.float32),
     # Nano's whole-head verify (64 + 16 rows) with the bf16x2 state product: the large bucket
-    ("nemotron-3-nano-4b", 24, "replay", None, torch.bfloat16)], ids=["super-dual-fp8", "nano-f32-bf16y"])
+    ("nemotron-3-nano-4b", 24, "replay", None, torch.bfloat16),
+    # Super fp32 at batch 128: the Gram pre-pass ahead of the verify (VERIFY_PRE_GRAM's rule)
+    ("nemotron-3-super-120b", 128, "replay", None, torch.bfloat16)],
+    ids=["super-dual-fp8", "nano-f32-bf16y", "super-f32-gram"])
 def test_cuda_graph_spec(model, batch, mode, lo, act):
     """verify + commit captured together (accepted counts from a device tensor), 64 rounds."""
     shape = MODEL_DIMS[model]
