@@ -123,15 +123,18 @@ CONFIGS: dict[str, list[tuple]] = {
                  (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
                  (None, 128, 4, _BIG_READ)],
     # FOLD_MMA, Qwen3.5-122B b256 step vs rank-1 folds, same config otherwise (tools/tune_gdn.py):
-    # fp32 450 vs 563 us (session 5), bf16 state 246 vs 346 us (session 8). Above batch 128, two
-    # chunks per program (NR 2: half the programs, 127 registers instead of 168, each chunk's
-    # loads hinted ahead of the other's). Whole fp32 step, NR 2 vs 1, Qwen3.5-122B / Qwen3.5-4B
-    # (tune_gdn_s20b_flushtile*.txt, two runs): b256 367.6 / 197.0 us vs 377.9 / 203.1 (367.1 /
-    # 197.0 vs 377.5 / 202.8), b512 718.3 / 373.9 vs 778.8 / 399.1 (NR 4 712.0 / 372.2)
-    "flush_step": [(128, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
+    # fp32 450 vs 563 us (session 5), bf16 state 246 vs 346 us (session 8). Above batch 64, two
+    # chunks per program (NR 2: half the programs, each chunk's loads hinted ahead of the other's;
+    # fp32 127 registers instead of 168). Whole step, NR 2 vs 1, Qwen3.5-122B / Qwen3.5-4B
+    # (tune_gdn_s20b_flushtile*.txt, _s20c: one call each): fp32 b128 196.1 / 108.8 us vs 201.7 /
+    # 112.0, b256 367.6 / 197.0 vs 377.9 / 203.1 (again 367.1 / 197.0 vs 377.5 / 202.8), b512
+    # 718.3 / 373.9 vs 778.8 / 399.1 (NR 4 712.0 / 372.2); bf16 state b256 232.6 / 133.3 vs
+    # 245.3 / 139.2 (NR 4 228.6 / 133.0). Batch 64 and below untimed (one chunk, as before); bf16
+    # state from batch 256 only (b128 untimed)
+    "flush_step": [(64, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
                    (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
-    # 16-bit high copies (bf16 state): one chunk per program at every batch (NR 2 not timed there)
-    "flush_step:2": [(None, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    "flush_step:2": [(128, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
+                     (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
     # dual states (u recomputed by the triangular solve): 16 rows x 2 warps, a whole head (NR 8:
     # one inverse per head) per program, the small products in Triton's "tf32x3". Qwen3.5-122B
     # b256, dual bf16: 290 us (NR 8) vs 329 (NR 1) and 406 rank-1; dual fp8 278 vs 404 us

@@ -185,7 +185,7 @@ REPLAY_CASES = [
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
     # 16-bit high copy: the same product, quantised on store
     ("bf16-state-tall-split-foldmma", TALL, "replay", "bfloat16", None, torch.bfloat16, 6, 4,
-     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": True}),
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
     # dual: u recomputed against the high copy by the triangular solve, low copy refreshed
     # (long flush periods: test_flush_step_fold_mma_long_windows)
     ("dual-bf16-tall-split-foldmma", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
@@ -248,14 +248,14 @@ def test_fold_mma_is_the_default_for_16_and_32_bit_high_copies():
 
 
 def test_flush_step_rows():
-    """The SPLIT step's flush launch of an fp32 high copy: one 32-row chunk per program up to
-    batch 128, two above (the f32-tall-split-foldmma case runs that fold against the
-    reference); a 16-bit high copy keeps one."""
+    """The SPLIT step's flush launch: one 32-row chunk per program up to batch 64 (fp32 high
+    copy) or 128 (16-bit), two above (the f32-tall-split-foldmma case runs that fold against
+    the reference)."""
     from replayssm.triton import gdn as TK
-    nr = lambda op, b: TK.pick_config(op, b, 128, 128, 16).get("NR", 1)   # noqa: E731
-    assert [nr("flush_step", b) for b in (1, 128, 129, 512)] == [1, 1, 2, 2]
+    nr = lambda b, sb: TK.pick_config("flush_step", b, 128, 128, 16, state_bytes=sb).get("NR", 1)   # noqa: E731
+    assert [nr(b, 4) for b in (1, 64, 65, 512)] == [1, 1, 2, 2]
+    assert [nr(b, 2) for b in (64, 128, 129, 512)] == [1, 1, 2, 2]
     assert TK.pick_config("flush_step", 256, 128, 128, 16)["BLOCK_V"] == 32
-    assert TK.pick_config("flush_step", 512, 128, 128, 16, state_bytes=2)["NR"] == 1     # bf16 state
 
 
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
