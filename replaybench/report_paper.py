@@ -5,7 +5,8 @@ published reference points (replaybench/published.toml, from MODELS.md), from st
     paper_table       one row per (published point, study model, batch): the point's baseline
                       median (vLLM) / the method's median, same run, same model, batch and state
                       dtype (speculative: same window T and acceptance), and whether that is
-                      below / within / above the published range
+                      below / within / above the published range; which side, if any, was
+                      timed under an NVML throttle reason (marked † in the figure)
     fig_paper_style   left: standard decode at the points' batch, vllm-eager / eager, replay,
                       replay-dual per model; right: speculative decoding, vllm-spec / spec-replay,
                       spec-perdraft per model and batch; the published range as a band behind a
@@ -39,7 +40,8 @@ FIG_METHODS = {"vllm-eager": ("eager", "replay", "replay-dual"),
                "vllm-spec": ("spec-replay", "spec-perdraft")}
 BAND_LABEL = "published (authors, other GPU)"
 PAPER_COLS = ["point", "family", "model", "batch", "method", "baseline", "baseline_us", "method_us",
-              "ratio", "published", "published GPU", "vs published"]
+              "ratio", "published", "published GPU", "vs published", "throttled"]
+THROTTLE_MARK = "†"     # on a bar whose ratio pairs a row timed under an NVML throttle reason
 _BATCH_HATCH = ["", "///", "xx", ".."]
 
 
@@ -117,11 +119,38 @@ def ratios(ok: pd.DataFrame, method: str, baseline: str, spec_window: int, batch
             bu = base.get(k) if k in base.index else None
             if bu is None or not bu > 0:
                 continue
+            brow = _baseline_row(same_t, baseline, keys, k, bu)
             out.append({"model": model, "batch": int(b), "method": method, "baseline": baseline,
                         "state_dtype": r["state_dtype"], "config": _config_label(rep.iloc[[0]]),
                         "baseline_us": float(bu), "method_us": float(r["median_us"]),
-                        "ratio": float(bu) / float(r["median_us"])})
+                        "ratio": float(bu) / float(r["median_us"]),
+                        "throttled": "; ".join(n for n in (_throttle_note(r, method),
+                                                           _throttle_note(brow, baseline)) if n)})
     return out
+
+
+def _baseline_row(rows: pd.DataFrame, baseline: str, keys, k: tuple, median: float):
+    """The baseline's row whose median baseline_medians chose for key k (None if not found)."""
+    b = rows[(rows["method"] == baseline) & (rows["median_us"] == median)]
+    for r in b.to_dict(orient="records"):
+        if tuple(r[c] for c in keys) == k:
+            return r
+    return None
+
+
+def _throttle_note(row, method: str) -> str:
+    """'method: reasons, power-capped, SM clock MHz' when the row's timing saw an NVML throttle
+    reason (replaybench.timing: throttled batches are discarded, but a power-capped row is timed
+    at the capped clock), else ''."""
+    if row is None:
+        return ""
+    why = row.get("throttle")
+    if why is None or pd.isna(why) or not str(why):
+        return ""
+    capped = bool(row.get("power_capped")) and not pd.isna(row.get("power_capped"))
+    clock = row.get("sm_clock_mhz")
+    mhz = f", SM {float(clock):.0f} MHz" if clock is not None and not pd.isna(clock) else ""
+    return f"{method}: {why}{' (power-capped)' if capped else ''}{mhz}"
 
 
 def _study_models(ok: pd.DataFrame) -> list[str]:
@@ -177,6 +206,7 @@ def _draw_panel(ax, panel: dict) -> None:
     slots = [(m, b) for m in methods for b in batches]          # bar order inside a model's group
     width = min(0.8 / len(slots), 0.28)
     bars = {(r["model"], r["method"], r["batch"]): r["ratio"] for r in panel["bars"]}
+    marked = {(r["model"], r["method"], r["batch"]) for r in panel["bars"] if r.get("throttled")}
     top = 1.0
     minor_x, minor_lab = [], []
     for i, model in enumerate(models):
@@ -197,7 +227,8 @@ def _draw_panel(ax, panel: dict) -> None:
                 continue
             ax.bar(i + dx, v, width * 0.92, color=METHOD_COLORS.get(method, "k"), edgecolor="white",
                    hatch=_BATCH_HATCH[batches.index(batch) % len(_BATCH_HATCH)], lw=0.5, zorder=2)
-            ax.text(i + dx, v + 0.02, f"{v:.2f}", ha="center", va="bottom", fontsize=7, zorder=3,
+            mark = THROTTLE_MARK if (model, method, batch) in marked else ""
+            ax.text(i + dx, v + 0.02, f"{v:.2f}{mark}", ha="center", va="bottom", fontsize=7, zorder=3,
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3, "alpha": 0.8})
             top = max(top, v)
     ax.axhline(1.0, color="0.25", ls="--", lw=1, zorder=1)
@@ -280,11 +311,15 @@ def sections(df, manifest: dict, out_dir: Path, cpu: bool = False):
            "reference, spec-perdraft. Shaded band behind a model's bars: the ReplaySSM authors' published "
            "range for its family, an anchor and not a target: the published ratios are over the authors' own "
            f"vLLM baseline, on their GPU (published GPU: {gpus}), which may differ from ours. Source "
-           f"(MODELS.md): {_quotes(points)}.")
+           f"(MODELS.md): {_quotes(points)}. {THROTTLE_MARK} after a value: one of the two medians was "
+           "timed under an NVML throttle reason (the table's 'throttled' column says which and at what "
+           "clock).")
     table = paper_table(df, points)
     intro = ("One row per published point x study model x batch: ratio = baseline median / method median "
              "from this run's rows (paired as in the figure); published = the authors' range (their baseline, "
-             "their GPU); vs published = ours below / within / above it. Source (MODELS.md): "
+             "their GPU); vs published = ours below / within / above it; throttled = which side's timing "
+             "saw an NVML throttle reason (a power-capped row is timed at the capped clock: its ratio is "
+             "that GPU's, not the kernel's at full clock). Source (MODELS.md): "
              f"{_quotes(points)}.")
     return ([("Paper-style: against vLLM's kernels vs the published reference points", cap, png)],
             [("Paper reference points vs this run", intro, table, PAPER_COLS)])

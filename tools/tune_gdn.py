@@ -392,16 +392,27 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # the table's rows otherwise
          **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))
             for m in ("f32", "dual-bf16") for b in (32, 256)},
-         # session 20: the SPLIT step's flush launch (fp32 FOLD_MMA, 32 rows x 4 warps, 168 registers:
-         # 3 programs per SM, 10 waves of one-chunk programs at Qwen3.5-122B b256, each a chain of
-         # dependent loads; 61 us at 40 % of DRAM peak). sm_90 registers: NR 2 127, 32 x 8 warps 116,
-         # 64 x 8 170, a 128 budget 128 + 20 bytes of spills
+         # session 20: the SPLIT step's flush launch (then one chunk per program: fp32 FOLD_MMA, 32 rows x
+         # 4 warps, 168 registers, 3 programs per SM, 10 waves at Qwen3.5-122B b256, each program a chain
+         # of dependent loads; 61 us at 40 % of DRAM peak). sm_90 registers: NR 2 127, 32 x 8 warps 116,
+         # 64 x 8 170, a 128 budget 128 + 20 bytes of spills. The lists ran with the table's row of that
+         # time (NR 1) first; now that the table has NR 2 above batch 64 (fp32) / 128 (16-bit), F_NR 1
+         # is listed to keep the A/B
          **{f"flushtile-f32-b{b}": ("f32", [_table("f32", b)] + [_table("f32", b, **o) for o in (
-             dict(F_NR=2), dict(F_NR=4), dict(F_BLOCK_V=32, F_num_warps=8), dict(F_BLOCK_V=64, F_num_warps=8),
-             dict(F_maxnreg=128), dict(F_NR=2, F_PF_DIST=1))], b, ("q122b", "q4b"))
+             dict(F_NR=1), dict(F_NR=2), dict(F_NR=4), dict(F_BLOCK_V=32, F_num_warps=8),
+             dict(F_BLOCK_V=64, F_num_warps=8), dict(F_maxnreg=128), dict(F_NR=2, F_PF_DIST=1))], b,
+                                     ("q122b", "q4b"))
             for b in (128, 256, 512)},
          **{f"flushtile-bf16-b{b}": ("bf16", [_table("bf16", b)] + [_table("bf16", b, **o) for o in (
-             dict(F_NR=2), dict(F_NR=4))], b, ("q122b", "q4b")) for b in (256, 512)}}
+             dict(F_NR=1), dict(F_NR=2), dict(F_NR=4))], b, ("q122b", "q4b")) for b in (256, 512)},
+         # the output-only launch's prefetch hints (prepared in session 20, not yet timed): Nsight Compute
+         # (Qwen3.5-122B fp32 b256, ncu_q122b_replay_b256.txt) had its L2 at 95 % of peak with an L1 hit
+         # rate of 5 %, as if the L1 hints (PF 2) were fetched twice and hit L1 rarely; the current tile
+         # was timed only with PF 2 at distance 2
+         **{f"outpf-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
+             dict(PF=0), dict(PF=1, PF_DIST=1), dict(PF=1, PF_DIST=2), dict(PF=2, PF_DIST=1), dict(PF=2, PF_DIST=3),
+             dict(PREFETCH=True))], b, ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

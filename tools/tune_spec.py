@@ -140,6 +140,8 @@ MAMBA2_VARIANTS: dict[str, dict] = {
     # the verify its programmatic dependent (gram-nopdl: not)
     "gram": dict(gram=True),
     "gram-nopdl": dict(gram=True, pdl=False),
+    # session 20: the default where VERIFY_PRE_GRAM's rule runs the pre-pass (fp32 Super from b128), without it
+    "no-gram": dict(gram=False),
 }
 # OVERRIDE["verify"] of replayssm.triton.gdn, passed on as given. The module's hook reads BLOCK_V (rows
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
@@ -408,7 +410,7 @@ def copy_ceiling(dev: str) -> float:
 def launch_desc(case, model) -> str:
     """The verify launch the current OVERRIDE resolves to at the case's dims (planned on the
     'meta' device, nothing runs): Mamba-2 'P<rows>[+<tail rows>] n<state cols per MMA> w<warps> <s_prec>[ M]
-    x:<x_prec> early|late [r<maxnreg>] [tma]', GDN 'V<rows> w<warps> k<dk per MMA> <s_prec>
+    x:<x_prec> early|late [r<maxnreg>] [tma] [gram] [nopdl]', GDN 'V<rows> w<warps> k<dk per MMA> <s_prec>
     early|late' (+ other *PREC constexprs, s<stages>, r<maxnreg>, tma)."""
     from replaybench.runners.spec import spec_inputs
     from replayssm.state import GDNReplayState, Mamba2ReplayState
@@ -432,7 +434,9 @@ def launch_desc(case, model) -> str:
                 f" w{m['num_warps']} {m['S_PREC']}"
                 f"{' x:' + str(m['X_PREC']) if 'X_PREC' in m else ''} {'early' if m.get('EARLY_BUF') else 'late'}"
                 f"{' r' + str(m['maxnreg']) if m.get('maxnreg') else ''}"
-                f"{' tma' if m.get('TMA') else ''}{' gram' if len(las) > 1 else ''}")
+                f"{' tma' if m.get('TMA') else ''}{' gram' if len(las) > 1 else ''}"
+                # PDL is resolved per device (none on 'meta'): the override's own word
+                f"{' nopdl' if tk.OVERRIDE.get('verify', {}).get('pdl') is False else ''}")
     gk = _module("gdn")
     rs = GDNReplayState.allocate(b, d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, L, case.flush_period,
                                  mode, "float32", lo, torch.bfloat16, "meta")

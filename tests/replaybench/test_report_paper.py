@@ -100,6 +100,32 @@ def test_table_ratios_are_vllm_over_method_medians_from_rows():
     assert set(t["published"]) == {"1.43–1.84×", "1.43–1.64×", "1.8–2.1×"}
 
 
+def test_throttled_rows_are_named_beside_their_ratios(tmp_path):
+    # a power-capped method row and a throttled baseline row: the table says which side and at
+    # what clock, the figure marks the bar; unthrottled pairs stay unmarked
+    import pandas as pd
+    rows = paper_rows()
+    for r in rows:
+        if (r["model"], r["method"], r["batch"]) == ("nemotron-3-nano-4b", "replay", 256):
+            r.update(throttle="sw_power_cap", power_capped=True, sm_clock_mhz=1755.0)
+        elif (r["model"], r["method"], r["batch"]) == ("qwen3.5-4b", "vllm-spec", 512):
+            r.update(throttle="hw_slowdown", power_capped=False, sm_clock_mhz=1410.0)
+    t = RP.paper_table(pd.DataFrame(rows))
+    got = {(r["model"], r["method"], r["batch"]): r["throttled"] for r in t.to_dict("records")}
+    assert got.pop(("nemotron-3-nano-4b", "replay", 256)) == "replay: sw_power_cap (power-capped), SM 1755 MHz"
+    assert got.pop(("qwen3.5-4b", "spec-replay", 512)) == "vllm-spec: hw_slowdown, SM 1410 MHz"
+    assert set(got.values()) == {""}
+    from replaybench.report import plt
+    fig, ax = plt.subplots()
+    RP._draw_panel(ax, RP._panels(RP._ok(pd.DataFrame(rows)), RP.load_published())[0])     # standard decode
+    labels = [x.get_text() for x in ax.texts]
+    plt.close(fig)
+    assert f"{600.0 / REPLAY_US['nemotron-3-nano-4b']:.2f}{RP.THROTTLE_MARK}" in labels
+    assert sum(lab.endswith(RP.THROTTLE_MARK) for lab in labels) == 1
+    md = (_paper_run(tmp_path, rows) / "report.md").read_text()
+    assert "replay: sw_power_cap (power-capped), SM 1755 MHz" in md and RP.THROTTLE_MARK in md
+
+
 def test_non_study_models_are_left_out():
     import pandas as pd
     rows = paper_rows()

@@ -1655,7 +1655,8 @@ def _verify_state_precision(rd: torch.dtype, c: torch.dtype, y: torch.dtype) -> 
 def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None):
     """([launches], y) of speculative verification; see verify: the verify launch, after a
     _verify_gram_kernel launch with the Gram pre-pass where VERIFY_PRE_GRAM's rule (or
-    OVERRIDE["verify"] gram) says. Grid (cdiv(P, R), H, b): one [R, N] state tile per program, R = BLOCK_P from
+    OVERRIDE["verify"] gram) says. Grid (cdiv(P, R), H, b): one [R, N] state tile per program,
+    R = BLOCK_P from
     CONFIG_TABLE["verify"] (or OVERRIDE["verify"]: block_p, warps, whole, early_buf, s_prec,
     x_prec, chunk_n, maxnreg, tma, pdl, gram), every tile dim >= 16 (tl.dot). A row of ROW_CHUNKS 0 (the whole head in one program; "whole" in
     OVERRIDE) adds a tail tile of next_pow2(P - BLOCK_P) rows (>= 16) when BLOCK_P < P:
