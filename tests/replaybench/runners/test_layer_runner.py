@@ -42,13 +42,14 @@ def one_thread():
                                              ("tiny-gdn", "replay-shared-low", "bfloat16")])
 def test_runner_columns(model, method, lo, one_thread):
     c = case(model, method, lo=lo)
-    # CPU times on a small shared machine are noisy: the fastest samples (the SSM op is part of
-    # the layer step) must always order; the medians' share gets up to three tries
+    # CPU times on a small shared machine are noisy (CI runs the suite on every core at once): the
+    # fastest samples (the SSM op is part of the layer step) and the medians' share get up to three
+    # tries to order (one CI run saw the SSM op's fastest sample 17 % above the whole step's)
     for _ in range(3):
         row = layer_runner.run(c, RunContext(device="cpu", timing=TIMING))
-        assert 0 < row["ssm_min_us"] <= row["min_us"]
-        if 0 < row["ssm_share"] <= 1:
+        if 0 < row["ssm_min_us"] <= row["min_us"] and 0 < row["ssm_share"] <= 1:
             break
+    assert 0 < row["ssm_min_us"] <= row["min_us"], row
     assert 0 < row["ssm_share"] <= 1, row
     assert row["median_us"] > 0 and row["ssm_us"] > 0 and row["samples"] >= 1 and row["ssm_samples"] >= 1
     assert math.isclose(row["non_ssm_us"], row["median_us"] - row["ssm_us"])
