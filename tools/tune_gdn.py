@@ -412,7 +412,14 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"outpf-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
              dict(PF=0), dict(PF=1, PF_DIST=1), dict(PF=1, PF_DIST=2), dict(PF=2, PF_DIST=1), dict(PF=2, PF_DIST=3),
              dict(PREFETCH=True))], b, ("q122b", "q4b"))
-            for m in ("f32", "bf16") for b in (256, 512)}}
+            for m in ("f32", "bf16") for b in (256, 512)},
+         # session 21 (tune_gdn_s21a.txt, b256): hints one chunk ahead beat two, L1 or L2 alike
+         # (fp32 Qwen3.5-122B / Qwen3.5-4B 365.0 / 191.0 us vs 368.9 / 196.4; bf16 state 222.4 / 125.3
+         # vs 232.4 / 133.3); distance 1 at the other batches, dual states, and tiles around it
+         **{f"outpf2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, PF_DIST=1, **o) for o in (
+             ({}, dict(PF=1), dict(NR=2), dict(HP=4), dict(NR=8, HP=1)) if m == "f32" else
+             ({}, dict(PF=1), dict(HP=2), dict(NR=2, HP=2)))], b, ("q122b", "q4b"))
+            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered
