@@ -33,7 +33,7 @@ programmatic dependent). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
 
-usage:  python3 tools/tune_mamba2.py [--deadline 185] [--models super,nano,ultra]
+usage:  python3 tools/tune_mamba2.py [--deadline 185] [--models super,nano,ultra] [--copies float32:bfloat16]
         python3 tools/tune_mamba2.py --only replay:256 --variants default,f32w4-np-nt-fc16
         TRITON_INTERPRET=1 python3 tools/tune_mamba2.py --cpu-smoke   (script check on a CPU)
 """
@@ -189,6 +189,12 @@ def groups_for(model: str, nano: bool) -> list[dict]:
     for b in (64, 128):
         out += [g(9, "replay", b, "float32", "none", ["default"]),
                 g(9, "replay-dual", b, "float32", "bfloat16", ["default"])]
+    # session 21: 16-bit read copies in 16-row programs with the state load issued first (-nt-fc16-bc,
+    # not -late): at b256 Nano dual bf16 217.9 vs 223.2 us, bf16 state 194.7 vs 200.1
+    # (tune_mamba2_s21b.txt); the other batches of the table's row (dual b128: the group above)
+    early = ["default", "f16w1-nt-fc16-bc", "f16w1-np-nt-fc16-bc"]
+    out += [g(10, "replay-dual", 512, "float32", "bfloat16", early)]
+    out += [g(10, "replay", b, "bfloat16", "none", early) for b in (128, 512)]
     # bf16 eager at batch 512, where ours was 0.94x vLLM's (Super, h200-kernels-20261130-s5)
     out += [g(6, "vllm-eager", 512, "bfloat16", "none", ["vllm"]),
             g(6, "eager", 512, "bfloat16", "none", EAGER_BF16 + EAGER_BF16_LARGE)]
@@ -528,6 +534,8 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU (TRITON_INTERPRET=1)")
     ap.add_argument("--variants", default="", help="replay variants to time instead of the groups' own lists "
                     "(comma list; replay and replay-dual groups)")
+    ap.add_argument("--copies", default="", help="state:low[,...] groups to keep by dtypes (state float32 /"
+                    " bfloat16, low none / bfloat16 / float8_e4m3; e.g. float32:bfloat16,bfloat16:none)")
     ap.add_argument("--regs", action="store_true", help="only print sm_90 registers of the variants (no GPU)")
     args = ap.parse_args()
 
@@ -553,6 +561,11 @@ def main() -> int:
             groups = [g for g in groups if f"{g['method']}:{g['batch']}" in keep]
             if not groups:
                 raise SystemExit(f"--only {args.only}: no group; names are method:batch, e.g. eager:1")
+        if args.copies:
+            keep = set(args.copies.split(","))
+            groups = [g for g in groups if f"{g['sd']}:{g['lo']}" in keep]
+            if not groups:
+                raise SystemExit(f"--copies {args.copies}: no group; names are state:low, e.g. float32:bfloat16")
     if args.variants:
         for g in groups:
             if g["method"] in ("replay", "replay-dual"):

@@ -264,6 +264,12 @@ GDN_VARIANTS: dict[str, dict] = {
     "bal-any-t": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "max_hv": 32})},   # T > 4 too
     # session 15: the round's launches as programmatic dependents (gdn.PDL): off, side by side
     "no-pdl": {"PDL": False, "fold": dict(PDL=False)},
+    # session 21: the replay step's output launch ran faster with its hints one chunk ahead instead
+    # of two (tune_gdn_s21b.txt); the commit's fold (hints two ahead) and the balanced fold (none)
+    # with hints one ahead
+    "commit-pfd1": {"fold": dict(F_PF_DIST=1)},
+    "bal6-pf2d1": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 2, "PF_DIST": 1})},
+    "bal6-pf1d1": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 1, "PF_DIST": 1})},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

@@ -61,7 +61,7 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 # run, numbers in docs/kernels.md). Replay: BLOCK_V = rows per chunk; NR chunks x HP value heads
 # per program; PF prefetch hints (1 L2, 2 L1) PF_DIST chunks ahead; PREFETCH cursor-independent
 # buffer reads; SPLIT = output-only launch + flush-step launch (else the fused kernel, ticket cursor).
-_BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 2, "SPLIT": True}     # 16/8-bit read copies, batch > 64
+_BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 1, "SPLIT": True}     # 16/8-bit read copies, batch > 64
 # The fp32 commit's fold balanced over a fixed grid (_gdn_commit_balanced_kernel) where the state
 # has at most max_hv value heads and T is at most max_t (at T 6 it lost, docs/kernels.md session
 # 14): per_sm programs per SM of 2 warps under a 168-register budget (ptxas alone: 214), no
@@ -93,13 +93,20 @@ CONFIGS: dict[str, list[tuple]] = {
     # Batch 17-64: programs of 2 heads x 4 chunks of 32 rows (one wave at batch 32), no early
     # buffer reads. Qwen3.5-4B / Qwen3.5-122B b32 31.8 / 61.4 us, b64 62.0 / 107.7, against
     # 36.3 / 64.3 and 65.3 / 116.1 for 2 chunks with them (eager b32 34.9 / 67.3;
-    # tune_gdn_s16_b32_b64.txt)
+    # tune_gdn_s16_b32_b64.txt). Prefetch hints one chunk ahead (PF_DIST 1) at every batch since
+    # session 21 (above 64 they were two ahead): the whole step, Qwen3.5-122B / Qwen3.5-4B, us, two
+    # ahead vs one (tune_gdn_s21a.txt, _s21b.txt, one call each): b128 196.7 / 108.7 vs 191.8 /
+    # 105.0; b256 368.9 / 196.4 vs 365.0 / 191.0 (again 373.9 / 196.5 vs 368.1 / 191.6); b512 727.4
+    # / 374.3 vs 720.1 / 368.8. L2 hints (PF 1) alike; three ahead or none slower; other tiles with
+    # it (2 or 8 chunks, 4 heads) equal or slower. The 16-bit rows' (_BIG_READ) too: bf16 state b128
+    # / b256 / b512 134.7 / 233.2 / 455.3 vs 126.5 / 222.9 / 440.3 (Qwen3.5-122B), 75.1 / 133.4 /
+    # 256.7 vs 71.4 / 125.1 / 238.3 (Qwen3.5-4B); dual bf16 155.4 / 292.8 / 553.2 vs 149.0 / 283.4 /
+    # 541.2, and 109.4 / 159.7 / 313.0 vs 105.4 / 152.0 / 295.3
     # The route under a 56-register budget (ptxas: 64 without, no spills with): Qwen3.5-122B /
     # Qwen3.5-4B b1 3.9 / 3.1 us vs 4.1 / 3.1, b8 18.2 / 10.2 vs 18.6 / 10.6 (tune_gdn_s17b.txt)
     "replay":   [(16, 4, 1, {"EAGER_ROUTE": True, "maxnreg": 56}),
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
-                 (64, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True}),
-                 (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True})],
+                 (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True})],
     # 16-bit read copies (bf16 state; dual states route on the fp32 row above): the eager route,
     # 4 rows x 1 warp up to batch 4, 8 x 1 up to batch 32 (bf16 b8 11.5 / 6.7 vs 11.9 / 7.0;
     # tune_gdn_s17b.txt). bf16 state at batch 16 / 32 (tune_gdn_s17a.txt, _s17c.txt), routed vs
@@ -129,11 +136,12 @@ CONFIGS: dict[str, list[tuple]] = {
     # (tune_gdn_s20b_flushtile*.txt, _s20c: one call each): fp32 b128 196.1 / 108.8 us vs 201.7 /
     # 112.0, b256 367.6 / 197.0 vs 377.9 / 203.1 (again 367.1 / 197.0 vs 377.5 / 202.8), b512
     # 718.3 / 373.9 vs 778.8 / 399.1 (NR 4 712.0 / 372.2); bf16 state b256 232.6 / 133.3 vs
-    # 245.3 / 139.2 (NR 4 228.6 / 133.0). Batch 64 and below untimed (one chunk, as before); bf16
-    # state from batch 256 only (b128 untimed)
+    # 245.3 / 139.2 (NR 4 228.6 / 133.0); bf16 state b128 128.3 / 74.2 vs 134.5 / 74.9 (session 21,
+    # tune_gdn_s21a.txt). Batch 64 and below: one chunk (fp32 b64, NR 2 vs 1: 104.3 / 63.7 vs 107.5 /
+    # 62.3, a split decision, so unchanged; 16-bit untimed)
     "flush_step": [(64, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
                    (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
-    "flush_step:2": [(128, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
+    "flush_step:2": [(64, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
                      (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
     # dual states (u recomputed by the triangular solve): 16 rows x 2 warps, a whole head (NR 8:
     # one inverse per head) per program, the small products in Triton's "tf32x3". Qwen3.5-122B
