@@ -212,11 +212,18 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # / 215.8 and 238.7 / 242.4 in 16-row programs), slower at Nano (dual 239.5 / 236.7 vs 224.8 /
     # 223.2) and at Super dual b128 / b64 (127.5 / 72.3 vs 125.7 / 68.3): from batch x heads 32768
     # where the head dim is a multiple of 32.
+    # The 16-row programs with bc of 16-bit copies load their state tile first (early, preload:
+    # 80 registers, as late), session 21 (tune_mamba2_s21b.txt, _s21c.txt; us, late vs early):
+    # dual bf16 Nano b128 117.4 / 114.3, b256 223.2 / 217.9 (again 223.2 / 217.8), b512 444.4 /
+    # 435.8; Super b128 124.2 / 121.6; bf16 state Nano b128 103.9 / 102.0, b256 200.1 / 194.7 (198.5 /
+    # 195.3), b512 394.5 / 383.7; Super b128 108.4 / 107.6. Not the 32-row programs (Super b256
+    # dual 234.5 vs 232.1 early in 16 rows, but b512 450.5 vs 459.1; bf16 state 195.4 vs 204.2) nor
+    # fp32 reads (Super / Nano b256 315.6 / 298.7 vs 330.2 / 309.9).
     (4, "small"): [dict(_LEAN, ticket=True)],
     (4, "large"): [dict(_LEAN, bc=True, min_bh=12288), _LEAN],
     (2, "small"): [dict(_LEAN, ticket=True)],
-    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32), dict(_LEAN, bc=True, min_bh=6144),
-                   _LEAN],
+    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32),
+                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
     # 314.6 / 321.0 (64 x 2 below), Nano 279.5 / 285.9 vs 344.2 / 349.7 (16 x 1) (_s19c / _s19b);

@@ -280,6 +280,7 @@ REPLAY_VARIANTS = [
     ("late-pf",    dict(early=False, preload=False, ticket=False, pf=1)),   # the state tile's L2 hint
     ("bc",         dict(bc=True)),      # B_i . C once per group, in a launch ahead of the step
     ("lean-bc",    dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16, bc=True)),
+    ("lean-bc-early", dict(block_p=16, warps=1, early=True, preload=True, ticket=False, fold_cols=16, bc=True)),
 ]
 
 
@@ -337,7 +338,8 @@ def test_replay_prepass_rows(monkeypatch):
     """Where the table runs the B_i . C pre-pass (bc) and with which tile, by batch x heads
     (min_bh) and head dim (p_mod): fp32 reads from 12288, 16-bit from 6144 (32-row programs
     from 32768 when 32 divides the head dim), dual fp8 from 24576 in 32-row programs; a
-    tuning override wins."""
+    tuning override wins. Of the fp32 and 16-bit (lean) rows, 16-bit reads in 16-row programs
+    with the pre-pass load their state tile first (early), the others after the cursor."""
     from replayssm.triton import mamba2 as tk
     super_, nano = (64, 128), (80, 96)     # (head dim, heads)
     cases = [  # (dims, read bytes, dual, batch) -> (bc, rows)
@@ -349,6 +351,8 @@ def test_replay_prepass_rows(monkeypatch):
     for (P, H), rb, dual, batch, bc, rows in cases:
         v = tk.replay_variant(P, rb, batch, H, dual)
         assert (v["bc"], v["block_p"]) == (bc, rows), (P, rb, dual, batch, v)
+        if rb > 1:      # the lean rows (fp8 rows without the pre-pass are session 7's, early)
+            assert v["early"] == v["preload"] == (rb == 2 and bc and rows == 16), (P, rb, dual, batch, v)
     monkeypatch.setitem(tk.OVERRIDE, "replay", {"bc": False})
     assert not tk.replay_variant(64, 4, 256, 128)["bc"]
 
