@@ -419,7 +419,14 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"outpf2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, PF_DIST=1, **o) for o in (
              ({}, dict(PF=1), dict(NR=2), dict(HP=4), dict(NR=8, HP=1)) if m == "f32" else
              ({}, dict(PF=1), dict(HP=2), dict(NR=2, HP=2)))], b, ("q122b", "q4b"))
-            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)}}
+            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)},
+         # the dual flush step's chunks per program (the table: one 16-row chunk up to batch 64, a
+         # whole head, 8 chunks, above): in the s21 paper sweep Qwen3.5-4B dual bf16 ran 1.32x vLLM at
+         # b128 and 1.79x at b256, as if its 8 rows x 32 heads of whole-head programs at b128 (256
+         # programs, each a chain of 8 folds) left the GPU idle
+         **{f"dualflush-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, F_NR=n)
+                                                                          for n in (1, 2, 4, 8)], b, ("q122b", "q4b"))
+            for b in (64, 128, 256)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered
