@@ -154,7 +154,14 @@ CONFIGS: dict[str, list[tuple]] = {
     # TWO_PASS (opt-in, F_TWO_PASS): _gdn_dual_2pass_kernel, the dual commit's kernel, over the
     # step's flushing rows. Qwen3.5-122B b256 step 284.5 vs 292.9 us, but the high copy's error
     # 1.2e-5 vs 2.5e-7 (tools/tune_gdn.py flush-dual-2pass, tune_gdn_2pass.txt): not the default
-    "flush_step_dual": [(64, 16, 2, dict(_DUAL_FLUSH, NR=1)), (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
+    # Session 21: keyed by batch x value heads (BY_HEADS), as the flushing heads per step are
+    # (about batch x heads / K): a whole head per program only from 8192, 4 chunks (half a head) from
+    # 2049. Whole step, dual bf16, us, the old rows (one chunk to batch 64, a head above) vs NR 4
+    # (tune_gdn_s21e.txt): Qwen3.5-4B b128 (4096) 105.6 vs 87.5 (NR 1 93.5), Qwen3.5-122B b64
+    # (4096) 97.5 vs 90.1; NR 8 stays best at 8192 (Qwen3.5-122B b128 148.5 vs 156.5 NR 4,
+    # Qwen3.5-4B b256 151.1 vs 160.1) and NR 1-2 at 2048 (Qwen3.5-4B b64 55.7 vs 64.4 NR 4)
+    "flush_step_dual": [(2048, 16, 2, dict(_DUAL_FLUSH, NR=1)), (4096, 16, 2, dict(_DUAL_FLUSH, NR=4)),
+                        (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
     # the speculative commit (plan_commit), fp32 states: the flush step's fold over up to K + T - 1
     # entries (32-entry tiles at T <= 16), a whole head per program, over the rows the cursor launch
     # lists (COMPACT), the fold's fp32 side split by truncation (FOLD_SPLIT). T4 verify + commit round
@@ -208,6 +215,8 @@ CONFIGS: dict[str, list[tuple]] = {
     "verify:2": [(4, 16, 1), (None, 128, 2, {"WIDE_BLOCK_V": 64, "MAXNREG_T": {4: 168, 6: 168},
                                             "TMA_T": (2, 4, 6)})],
 }
+# Tables whose rows are keyed by batch x value heads instead of batch (_flush_step_row)
+BY_HEADS = {"flush_step_dual"}
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
 # drafts' raw keys/queries, and the small T- and L-sized products). "split" (default): the
@@ -1814,11 +1823,12 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
 
 
 def _flush_step_row(rs: GDNReplayState, batch: int, op: str, config) -> dict:
-    """The flush step's launch row: table op ("flush_step", "commit"; dual states op + "_dual"),
-    with the config's "F_<KEY>" entries overriding its keys."""
-    _, _, dv, dk = rs.hi.data.shape
-    dual = rs.mode == "dual"
-    fc = pick_config(op + "_dual" if dual else op, batch, dv, dk, rs.capacity, None,
+    """The flush step's launch row: table op ("flush_step", "commit"; dual states op + "_dual";
+    keyed by batch x value heads where BY_HEADS says), with the config's "F_<KEY>" entries
+    overriding its keys."""
+    _, hv, dv, dk = rs.hi.data.shape
+    op = op + "_dual" if rs.mode == "dual" else op
+    fc = pick_config(op, batch * hv if op in BY_HEADS else batch, dv, dk, rs.capacity, None,
                      state_bytes=rs.hi.data.element_size())
     fc.update({kk[2:]: vv for kk, vv in (config or {}).items() if kk.startswith("F_")})
     fc["BLOCK_V"] = min(fc["BLOCK_V"], triton.next_power_of_2(dv))

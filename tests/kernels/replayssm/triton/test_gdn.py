@@ -257,6 +257,22 @@ def test_flush_step_rows():
     assert TK.pick_config("flush_step", 256, 128, 128, 16)["BLOCK_V"] == 32
 
 
+def test_dual_flush_step_rows():
+    """The dual flush step's chunks per program follow batch x value heads (the flushing heads per
+    step), not batch: one 16-row chunk up to 2048, half a head (4 chunks) up to 4096, a whole head
+    above; a per-call F_ key still wins. Non-dual states keep their batch-keyed rows."""
+    from replayssm.triton import gdn as TK
+    nr = lambda shape, b, mode="dual", cfg=None: TK._flush_step_row(   # noqa: E731
+        GDNReplayState.allocate(1, shape.num_k_heads, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim,
+                                16, 16, mode=mode, lo_dtype="bfloat16" if mode == "dual" else None, device="meta"),
+        b, "flush_step", cfg).get("NR", 1)
+    q4b, q122b = QWEN["qwen3.5-4b"], QWEN["qwen3.5-122b"]
+    assert [nr(q4b, b) for b in (32, 64, 65, 128, 129, 256)] == [1, 1, 4, 4, 8, 8]
+    assert [nr(q122b, b) for b in (32, 33, 64, 65, 128)] == [1, 4, 4, 8, 8]
+    assert nr(q4b, 128, cfg={"F_NR": 2}) == 2
+    assert [nr(q4b, b, "replay") for b in (64, 128, 256)] == [1, 2, 2]
+
+
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
 def test_replay_matches_reference(case):
     name, sh, mode, sd, lo, act, L, K, cfg = case
