@@ -402,9 +402,9 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(F_NR=1), dict(F_NR=2), dict(F_NR=4), dict(F_BLOCK_V=32, F_num_warps=8),
              dict(F_BLOCK_V=64, F_num_warps=8), dict(F_maxnreg=128), dict(F_NR=2, F_PF_DIST=1))], b,
                                      ("q122b", "q4b"))
-            for b in (64, 128, 256, 512)},
+            for b in (32, 64, 128, 256, 512)},
          **{f"flushtile-bf16-b{b}": ("bf16", [_table("bf16", b)] + [_table("bf16", b, **o) for o in (
-             dict(F_NR=1), dict(F_NR=2), dict(F_NR=4))], b, ("q122b", "q4b")) for b in (128, 256, 512)},
+             dict(F_NR=1), dict(F_NR=2), dict(F_NR=4))], b, ("q122b", "q4b")) for b in (64, 128, 256, 512)},
          # the output-only launch's prefetch hints (prepared in session 20, not yet timed): Nsight Compute
          # (Qwen3.5-122B fp32 b256, ncu_q122b_replay_b256.txt) had its L2 at 95 % of peak with an L1 hit
          # rate of 5 %, as if the L1 hints (PF 2) were fetched twice and hit L1 rarely; the current tile
