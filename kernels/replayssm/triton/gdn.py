@@ -137,11 +137,15 @@ CONFIGS: dict[str, list[tuple]] = {
     # 112.0, b256 367.6 / 197.0 vs 377.9 / 203.1 (again 367.1 / 197.0 vs 377.5 / 202.8), b512
     # 718.3 / 373.9 vs 778.8 / 399.1 (NR 4 712.0 / 372.2); bf16 state b256 232.6 / 133.3 vs
     # 245.3 / 139.2 (NR 4 228.6 / 133.0); bf16 state b128 128.3 / 74.2 vs 134.5 / 74.9 (session 21,
-    # tune_gdn_s21a.txt). Batch 64 and below: one chunk (fp32 b64, NR 2 vs 1: 104.3 / 63.7 vs 107.5 /
-    # 62.3, a split decision, so unchanged; 16-bit untimed)
-    "flush_step": [(64, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
+    # tune_gdn_s21a.txt). Since session 21 the rows are keyed by batch x value heads (BY_HEADS: the
+    # flushing heads per step scale with both), after batch 32 and 64 (tune_gdn_s21a.txt, _s21f.txt;
+    # us, NR 1 vs 2, the number keyed in brackets): fp32 Qwen3.5-122B b32 (2048) 61.4 vs 62.9, b64
+    # (4096) 107.6 vs 104.5 (104.3 vs 107.5 in _s21a); Qwen3.5-4B b32 (1024) 31.7 vs 36.1, b64 (2048)
+    # 62.3 vs 63.7. bf16 state b64: Qwen3.5-122B (4096) 75.1 vs 74.1, Qwen3.5-4B (2048) 46.1 vs 44.7,
+    # so 16-bit high copies take two chunks from 1025 (1025-2047 untimed)
+    "flush_step": [(2048, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
                    (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
-    "flush_step:2": [(64, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
+    "flush_step:2": [(1024, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
                      (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
     # dual states (u recomputed by the triangular solve): 16 rows x 2 warps, a whole head (NR 8:
     # one inverse per head) per program, the small products in Triton's "tf32x3". Qwen3.5-122B
@@ -216,7 +220,7 @@ CONFIGS: dict[str, list[tuple]] = {
                                             "TMA_T": (2, 4, 6)})],
 }
 # Tables whose rows are keyed by batch x value heads instead of batch (_flush_step_row)
-BY_HEADS = {"flush_step_dual"}
+BY_HEADS = {"flush_step", "flush_step_dual"}
 MAX_BLOCK_L = 16   # other kernels; replay reads the whole buffer as one chunk
 # Verify: tl.dot precision of products with fp32 operands (the fp32 state tile times the
 # drafts' raw keys/queries, and the small T- and L-sized products). "split" (default): the

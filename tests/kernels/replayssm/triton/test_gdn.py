@@ -247,30 +247,36 @@ def test_fold_mma_is_the_default_for_16_and_32_bit_high_copies():
         assert plans[1][3].get("FOLD_MMA") is True, (mode, sd, lo)
 
 
-def test_flush_step_rows():
-    """The SPLIT step's flush launch: one 32-row chunk per program up to batch 64, two above
-    (the f32-tall-split-foldmma case runs that fold against the reference)."""
+def _flush_nr(shape, batch, mode="replay", state_dtype="float32", cfg=None) -> int:
+    """Chunks per program of the SPLIT step's flush launch for a state of `shape` at `batch`."""
     from replayssm.triton import gdn as TK
-    nr = lambda b, sb: TK.pick_config("flush_step", b, 128, 128, 16, state_bytes=sb).get("NR", 1)   # noqa: E731
-    assert [nr(b, 4) for b in (1, 64, 65, 512)] == [1, 1, 2, 2]
-    assert [nr(b, 2) for b in (1, 64, 65, 128)] == [1, 1, 2, 2]
+    rs = GDNReplayState.allocate(1, shape.num_k_heads, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim, 16, 16,
+                                 mode=mode, state_dtype=state_dtype, lo_dtype="bfloat16" if mode == "dual" else None,
+                                 device="meta")
+    return TK._flush_step_row(rs, batch, "flush_step", cfg).get("NR", 1)
+
+
+def test_flush_step_rows():
+    """The SPLIT step's flush launch, keyed by batch x value heads (the flushing heads per step):
+    one 32-row chunk per program up to 2048 for fp32 high copies (1024 for 16-bit ones), two
+    above (the f32-tall-split-foldmma case runs that fold against the reference); 32-row chunks."""
+    from replayssm.triton import gdn as TK
+    q4b, q122b = QWEN["qwen3.5-4b"], QWEN["qwen3.5-122b"]
+    assert [_flush_nr(q4b, b) for b in (1, 64, 65, 512)] == [1, 1, 2, 2]
+    assert [_flush_nr(q122b, b) for b in (32, 33, 64)] == [1, 2, 2]
+    assert [_flush_nr(q4b, b, state_dtype="bfloat16") for b in (32, 33, 64)] == [1, 2, 2]
+    assert [_flush_nr(q122b, b, state_dtype="bfloat16") for b in (16, 17)] == [1, 2]
     assert TK.pick_config("flush_step", 256, 128, 128, 16)["BLOCK_V"] == 32
 
 
 def test_dual_flush_step_rows():
-    """The dual flush step's chunks per program follow batch x value heads (the flushing heads per
-    step), not batch: one 16-row chunk up to 2048, half a head (4 chunks) up to 4096, a whole head
-    above; a per-call F_ key still wins. Non-dual states keep their batch-keyed rows."""
-    from replayssm.triton import gdn as TK
-    nr = lambda shape, b, mode="dual", cfg=None: TK._flush_step_row(   # noqa: E731
-        GDNReplayState.allocate(1, shape.num_k_heads, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim,
-                                16, 16, mode=mode, lo_dtype="bfloat16" if mode == "dual" else None, device="meta"),
-        b, "flush_step", cfg).get("NR", 1)
+    """The dual flush step's chunks per program follow batch x value heads too: one 16-row chunk
+    up to 2048, half a head (4 chunks) up to 4096, a whole head above; a per-call F_ key still
+    wins."""
     q4b, q122b = QWEN["qwen3.5-4b"], QWEN["qwen3.5-122b"]
-    assert [nr(q4b, b) for b in (32, 64, 65, 128, 129, 256)] == [1, 1, 4, 4, 8, 8]
-    assert [nr(q122b, b) for b in (32, 33, 64, 65, 128)] == [1, 4, 4, 8, 8]
-    assert nr(q4b, 128, cfg={"F_NR": 2}) == 2
-    assert [nr(q4b, b, "replay") for b in (64, 128, 256)] == [1, 2, 2]
+    assert [_flush_nr(q4b, b, "dual") for b in (32, 64, 65, 128, 129, 256)] == [1, 1, 4, 4, 8, 8]
+    assert [_flush_nr(q122b, b, "dual") for b in (32, 33, 64, 65, 128)] == [1, 4, 4, 8, 8]
+    assert _flush_nr(q4b, 128, "dual", cfg={"F_NR": 2}) == 2
 
 
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
