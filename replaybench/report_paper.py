@@ -40,7 +40,7 @@ FIG_METHODS = {"vllm-eager": ("eager", "replay", "replay-dual"),
                "vllm-spec": ("spec-replay", "spec-perdraft")}
 BAND_LABEL = "published (authors, other GPU)"
 PAPER_COLS = ["point", "family", "model", "batch", "method", "baseline", "baseline_us", "method_us",
-              "ratio", "published", "published GPU", "vs published", "throttled"]
+              "ratio", "method_pct_copy", "ratio_at_copy", "published", "published GPU", "vs published", "throttled"]
 THROTTLE_MARK = "†"     # on a bar whose ratio pairs a row timed under an NVML throttle reason
 _BATCH_HATCH = ["", "///", "xx", ".."]
 
@@ -120,13 +120,23 @@ def ratios(ok: pd.DataFrame, method: str, baseline: str, spec_window: int, batch
             if bu is None or not bu > 0:
                 continue
             brow = _baseline_row(same_t, baseline, keys, k, bu)
+            ratio = float(bu) / float(r["median_us"])
+            pct = _pct_copy(r)
             out.append({"model": model, "batch": int(b), "method": method, "baseline": baseline,
                         "state_dtype": r["state_dtype"], "config": _config_label(rep.iloc[[0]]),
-                        "baseline_us": float(bu), "method_us": float(r["median_us"]),
-                        "ratio": float(bu) / float(r["median_us"]),
+                        "baseline_us": float(bu), "method_us": float(r["median_us"]), "ratio": ratio,
+                        "method_pct_copy": pct, "ratio_at_copy": ratio * 100.0 / pct if pct > 0 else float("nan"),
                         "throttled": "; ".join(n for n in (_throttle_note(r, method),
                                                            _throttle_note(brow, baseline)) if n)})
     return out
+
+
+def _pct_copy(row) -> float:
+    """The row's modelled bytes / time as % of the run's copy ceiling (NaN when not measured).
+    A ratio x 100 / this is what the method would reach at the copy ceiling with its modelled
+    bytes: the bound its byte count sets against the baseline as measured."""
+    v = row.get("pct_copy_bw")
+    return float(v) if v is not None and not pd.isna(v) else float("nan")
 
 
 def _baseline_row(rows: pd.DataFrame, baseline: str, keys, k: tuple, median: float):
@@ -317,7 +327,10 @@ def sections(df, manifest: dict, out_dir: Path, cpu: bool = False):
     table = paper_table(df, points)
     intro = ("One row per published point x study model x batch: ratio = baseline median / method median "
              "from this run's rows (paired as in the figure); published = the authors' range (their baseline, "
-             "their GPU); vs published = ours below / within / above it; throttled = which side's timing "
+             "their GPU); method_pct_copy = the method's modelled bytes / time as % of the copy ceiling "
+             "measured in this run; ratio_at_copy = ratio x 100 / method_pct_copy, the ratio the method would "
+             "reach moving its modelled bytes at that ceiling against the baseline as measured (the bound its "
+             "byte count sets); vs published = ours below / within / above it; throttled = which side's timing "
              "saw an NVML throttle reason (a power-capped row is timed at the capped clock: its ratio is "
              "that GPU's, not the kernel's at full clock). Source (MODELS.md): "
              f"{_quotes(points)}.")

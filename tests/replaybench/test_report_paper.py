@@ -100,6 +100,26 @@ def test_table_ratios_are_vllm_over_method_medians_from_rows():
     assert set(t["published"]) == {"1.43–1.84×", "1.43–1.64×", "1.8–2.1×"}
 
 
+def test_ratio_at_copy_is_the_bound_the_method_bytes_set(tmp_path):
+    # a method row at 80 % of the run's copy ceiling reaches ratio / 0.8 at the ceiling; rows
+    # without a ceiling (pct_copy_bw empty) leave both columns empty
+    import math
+
+    import pandas as pd
+    rows = paper_rows()
+    for r in rows:
+        if (r["model"], r["method"], r["batch"]) == ("nemotron-3-nano-4b", "replay", 256):
+            r["pct_copy_bw"] = 80.0
+    t = RP.paper_table(pd.DataFrame(rows))
+    got = {(r["model"], r["method"], r["batch"]): r for r in t.to_dict("records")}
+    nano = got.pop(("nemotron-3-nano-4b", "replay", 256))
+    assert nano["method_pct_copy"] == 80.0
+    assert nano["ratio_at_copy"] == pytest.approx(600.0 / REPLAY_US["nemotron-3-nano-4b"] / 0.8)
+    assert all(math.isnan(r["method_pct_copy"]) and math.isnan(r["ratio_at_copy"]) for r in got.values())
+    md = (_paper_run(tmp_path, rows) / "report.md").read_text()
+    assert "| ratio | method_pct_copy | ratio_at_copy |" in md and "| 1.6 | 80 | 2 |" in md
+
+
 def test_throttled_rows_are_named_beside_their_ratios(tmp_path):
     # a power-capped method row and a throttled baseline row: the table says which side and at
     # what clock, the figure marks the bar; unthrottled pairs stay unmarked
