@@ -405,7 +405,7 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
             for b in (32, 64, 128, 256, 512)},
          **{f"flushtile-bf16-b{b}": ("bf16", [_table("bf16", b)] + [_table("bf16", b, **o) for o in (
              dict(F_NR=1), dict(F_NR=2), dict(F_NR=4))], b, ("q122b", "q4b")) for b in (64, 128, 256, 512)},
-         # the output-only launch's prefetch hints (prepared in session 20, not yet timed): Nsight Compute
+         # the output-only launch's prefetch hints (prepared in session 20, timed in session 21): Nsight Compute
          # (Qwen3.5-122B fp32 b256, ncu_q122b_replay_b256.txt) had its L2 at 95 % of peak with an L1 hit
          # rate of 5 %, as if the L1 hints (PF 2) were fetched twice and hit L1 rarely; the current tile
          # was timed only with PF 2 at distance 2
@@ -420,8 +420,8 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              ({}, dict(PF=1), dict(NR=2), dict(HP=4), dict(NR=8, HP=1)) if m == "f32" else
              ({}, dict(PF=1), dict(HP=2), dict(NR=2, HP=2)))], b, ("q122b", "q4b"))
             for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)},
-         # the dual flush step's chunks per program (the table: one 16-row chunk up to batch 64, a
-         # whole head, 8 chunks, above): in the s21 paper sweep Qwen3.5-4B dual bf16 ran 1.32x vLLM at
+         # the dual flush step's chunks per program (the table until dc684e5: one 16-row chunk up to
+         # batch 64, a whole head, 8 chunks, above): in the s21 paper sweep Qwen3.5-4B dual bf16 ran 1.32x vLLM at
          # b128 and 1.79x at b256, as if its 8 rows x 32 heads of whole-head programs at b128 (256
          # programs, each a chain of 8 folds) left the GPU idle
          **{f"dualflush-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, F_NR=n)

@@ -140,7 +140,7 @@ CONFIGS: dict[str, list[tuple]] = {
     # tune_gdn_s21a.txt). Since session 21 the rows are keyed by batch x value heads (BY_HEADS: the
     # flushing heads per step scale with both), after batch 32 and 64 (tune_gdn_s21a.txt, _s21f.txt;
     # us, NR 1 vs 2, the number keyed in brackets): fp32 Qwen3.5-122B b32 (2048) 61.4 vs 62.9, b64
-    # (4096) 107.6 vs 104.5 (104.3 vs 107.5 in _s21a); Qwen3.5-4B b32 (1024) 31.7 vs 36.1, b64 (2048)
+    # (4096) 107.6 vs 104.5 (107.5 vs 104.3 in _s21a); Qwen3.5-4B b32 (1024) 31.7 vs 36.1, b64 (2048)
     # 62.3 vs 63.7. bf16 state b64: Qwen3.5-122B (4096) 75.1 vs 74.1, Qwen3.5-4B (2048) 46.1 vs 44.7,
     # so 16-bit high copies take two chunks from 1025 (1025-2047 untimed)
     "flush_step": [(2048, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
