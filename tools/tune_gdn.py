@@ -292,6 +292,7 @@ _FLUSH_TILES = [dict(F_FOLD_MMA=False), dict(F_FOLD_MMA=True), dict(F_FOLD_MMA=T
 # products over 32 or 16 columns (P_CHUNK at 4f45f01; tune_gdn_flush_dual.txt). The inverse is
 # now kept as X = inv - I and U = R + R X (rounding relative to the off-identity part); NR > 1:
 # one inverse per head.
+_X3E = dict(F_P_PREC="bf16x3e", F_FOLD_PREC="bf16x3e")   # the dual flush step's products as three bf16 terms
 _W16 = dict(F_FOLD_MMA=True, F_BLOCK_V=16, F_num_warps=2)
 _DUAL_TILES = [dict(F_FOLD_MMA=False), dict(_W16, F_NR=1), dict(_W16, F_NR=2), dict(_W16, F_NR=8),
                dict(_W16, F_NR=1, F_SMALL_PREC="tf32x3"), dict(_W16, F_NR=1, F_SMALL_PREC="ieee"),
@@ -427,14 +428,24 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"dualflush-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, F_NR=n)
                                                                           for n in (1, 2, 4, 8)], b, ("q122b", "q4b"))
             for b in (64, 128, 256)},
-         # prepared in session 21, not timed: the dual flush step at b256 (Nsight Compute, Qwen3.5-122B:
-         # 98.3 us at 31 % of DRAM peak, 255 registers, 12 % occupancy, 1024 whole-head programs whose 8
-         # chunks run one after another). sm_90 registers: 4 warps 219; pipelining depth 1 / 2 247 /
-         # 254 (3, Triton's default: 255); hints one ahead or none 255 / 254. Shared memory stays 1 KiB
-         # at every depth: the chunk loads are not staged through it
+         # prepared in session 21, timed in session 22: the dual flush step (Nsight Compute, Qwen3.5-122B
+         # b256: 98.3 us at 31 % of DRAM peak, 255 registers and 51 KiB of shared memory for 4
+         # programs of 2 warps per SM, 1024 whole-head programs whose 8 chunks run one after another).
+         # sm_90 registers / shared memory (offline): 4 warps 219 / 51 KiB; pipelining depth 1 / 2 247 /
+         # 254 and 35 / 43 KiB (3, Triton's default: 255, 51 KiB); hints one ahead or none 255 / 254.
+         # Session 22: the state x keys products as three bf16 terms (mma "bf16x3e": bf16 MMAs, the
+         # keys a bf16 operand) 255 + 4 bytes of spill, 31 KiB; with 32-row chunks x 8 warps 246, 47 KiB
          **{f"dualflush2-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, **o) for o in (
              dict(F_num_warps=4), dict(F_num_stages=1), dict(F_num_stages=2), dict(F_PF_DIST=1), dict(F_PF=0),
-             dict(F_num_warps=4, F_PF_DIST=1))], b, ("q122b", "q4b")) for b in (256, 512)}}
+             dict(F_num_warps=4, F_PF_DIST=1), dict(F_num_warps=4, F_num_stages=1), _X3E,
+             dict(_X3E, F_num_stages=1), dict(_X3E, F_num_warps=4),
+             *((dict(_X3E, F_BLOCK_V=32, F_NR=4, F_num_warps=8),) if b >= 256 else ()))], b, ("q122b", "q4b"))
+            for b in (128, 256, 512)},
+         # session 22: the non-dual flush step's fold (stored u x the raw keys) as three bf16 terms
+         # of u against the bf16 keys ("bf16x3e") instead of Triton's "tf32x3"
+         **{f"foldprec-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_FOLD_PREC="bf16x3e"),
+                                      _table(m, b, F_FOLD_PREC="tf32x2t")], b, ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

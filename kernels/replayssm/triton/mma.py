@@ -14,7 +14,11 @@ two passes, ~2^-20 per product; "tf32x3t" when both are fp32: hi*hi + hi*lo + lo
 Triton's "bf16x3" likewise makes its third pass (a_hi * b_lo) even when b is bf16; "bf16x2"
 drops it: a = hi + lo, both rounded to bf16 (hi = bf16(a), lo = bf16(a - hi)), two bf16 MMAs
 against b exact in bf16 (bf16 / fp8 values), ~2^-16 per product (the rounding of lo); a bf16
-MMA runs at twice the tf32 rate, so it costs half of "tf32x2t"'s two passes.
+MMA runs at twice the tf32 rate, so it costs half of "tf32x2t"'s two passes. "bf16x3e": b
+exact in bf16 and a = hi + mid + lo, three bf16 roundings (each term the bf16 nearest what
+the terms before it left; |a - hi - mid - lo| <= 2^-24 |a|, fp32 rounding), three bf16 MMAs, ~2^-23 per product
+(the fp32 accumulation): tighter than "tf32x2t" for fewer MMA instructions (bf16 takes 16 of
+K per instruction, tf32 8), and b stays a bf16 operand (half the registers of fp32 b).
 Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
 precisions, every tl.dot product runs in fp32 ("ieee"); the truncation splits run as written
 there (their tf32 dots in fp32), so the CPU tests check their algebra, the GPU tests their error.
@@ -64,9 +68,29 @@ def bf16_split(a):
 
 
 @triton.jit
+def bf16_split3(a):
+    """(hi, mid, lo) bf16 with a ~= hi + mid + lo: hi = bf16(a), mid = bf16(a - hi), lo = bf16(a - hi - mid);
+    |a - hi - mid - lo| <= 2^-24 |a| (each rounding leaves at most 2^-8 of what it rounds)."""
+    hi = a.to(tl.bfloat16, fp_downcast_rounding="rtne")
+    r = a - hi.to(tl.float32)
+    mid = r.to(tl.bfloat16, fp_downcast_rounding="rtne")
+    return hi, mid, (r - mid.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
+
+
+@triton.jit
 def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
     """acc + a @ b (float32 accumulator) at precision PREC (module doc)."""
-    if PREC == "bf16x2":      # b exact in bf16; small term first
+    if PREC == "bf16x3e":     # b exact in bf16; smallest term first
+        hi, mid, lo = bf16_split3(a.to(tl.float32))
+        if EXACT:   # the CPU interpreter mis-evaluates bf16 dots: the same products in fp32
+            b32 = b.to(tl.float32)
+            r = tl.dot(lo.to(tl.float32), b32, acc, input_precision="ieee")
+            r = tl.dot(hi.to(tl.float32), b32, tl.dot(mid.to(tl.float32), b32, r, input_precision="ieee"),
+                       input_precision="ieee")
+        else:
+            b16 = b.to(tl.bfloat16)
+            r = tl.dot(hi, b16, tl.dot(mid, b16, tl.dot(lo, b16, acc)))
+    elif PREC == "bf16x2":      # b exact in bf16; small term first
         hi, lo = bf16_split(a.to(tl.float32))
         if EXACT:   # the CPU interpreter mis-evaluates bf16 dots: the same products in fp32
             b32 = b.to(tl.float32)
@@ -96,7 +120,7 @@ def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 @triton.jit
 def mm(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
     """a @ b -> float32 at precision PREC (module doc)."""
-    if (PREC == "tf32x2t") or (PREC == "tf32x3t") or (PREC == "bf16x2"):
+    if (PREC == "tf32x2t") or (PREC == "tf32x3t") or (PREC == "bf16x2") or (PREC == "bf16x3e"):
         r = mma_acc(a, b, tl.zeros([a.shape[0], b.shape[1]], tl.float32), PREC, EXACT)
     elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")

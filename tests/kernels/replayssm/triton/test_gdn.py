@@ -195,6 +195,12 @@ REPLAY_CASES = [
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 4, "F_FOLD_MMA": True}),
     ("dual-fp8-gqa-split-foldmma", GQA, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
+    # the state x raw-keys products as three bf16 terms of the fp32 side (mma "bf16x3e"; bf16 keys)
+    ("dual-bf16-tall-split-foldmma-bf16x3e", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 4, "F_FOLD_MMA": True, "F_P_PREC": "bf16x3e",
+      "F_FOLD_PREC": "bf16x3e"}),
+    ("f32-gqa-split-foldmma-bf16x3e", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
+     {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_FOLD_PREC": "bf16x3e"}),
     # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
     ("f32-tall-split-rank1", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),

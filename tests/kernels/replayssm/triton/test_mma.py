@@ -1,6 +1,6 @@
 """The verify kernels' matrix-product helpers (replayssm.triton.mma) against fp64 products:
 the truncation splits "tf32x2t" (one fp32 operand, the other exact in tf32) and "tf32x3t"
-(both fp32), the two-pass bf16 split "bf16x2" (the other operand exact in bf16), beside
+(both fp32), the bf16 splits "bf16x2" and "bf16x3e" (the other operand exact in bf16), beside
 Triton's "tf32x3". Under the CPU interpreter their dots run in fp32, so this checks the split
 algebra; on a GPU it checks the error bound of the tensor cores."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm.triton.mma import mm, mma_acc, split_precision, tf32_split
+from replayssm.triton.mma import bf16_split3, mm, mma_acc, split_precision, tf32_split
 
 from kernel_checks import CUDA, DEV, gen
 
@@ -49,24 +49,50 @@ def _run(a, b, prec, acc=None):
 
 # the bound per product relative to sum |a_ik b_kj|: 2^-20 for the truncation splits
 # (one lost tf32 rounding of the low part), Triton's tf32x3 ~2^-22; bf16x2 2^-16 (the bf16
-# rounding of the low part; Triton's bf16x3 is the same against an operand exact in bf16)
-BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19, "bf16x2": 2.0 ** -15}
+# rounding of the low part; Triton's bf16x3 is the same against an operand exact in bf16);
+# bf16x3e ~2^-24 (what three bf16 terms leave, as fp32 rounding, and the fp32 accumulation)
+BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19, "bf16x2": 2.0 ** -15,
+         "bf16x3e": 2.0 ** -21}
 
 
 @pytest.mark.parametrize("prec,b_dtype", [("tf32x2t", torch.bfloat16), ("tf32x3t", torch.float32),
-                                          ("tf32x3", torch.float32), ("bf16x2", torch.bfloat16)])
+                                          ("tf32x3", torch.float32), ("bf16x2", torch.bfloat16),
+                                          ("bf16x3e", torch.bfloat16), ("bf16x3e", torch.float8_e4m3fn)])
 @pytest.mark.parametrize("with_acc", [False, True])
 def test_products_within_bound(prec, b_dtype, with_acc):
     g = gen(11)
     # wide exponent range: the split must hold for small and large magnitudes
     a = (torch.randn(32, 64, generator=g) * torch.exp2(torch.randint(-20, 20, (32, 64), generator=g))).to(DEV)
-    b = torch.randn(64, 16, generator=g).to(b_dtype).to(DEV)
+    b = torch.randn(64, 16, generator=g).to(b_dtype).to(torch.float32 if b_dtype.itemsize == 1 else b_dtype).to(DEV)
     acc = torch.randn(32, 16, generator=g).to(DEV) if with_acc else None
     o = _run(a, b, prec, acc)
     ref = a.double() @ b.double() + (acc.double() if with_acc else 0)
     scale = a.double().abs() @ b.double().abs() + (acc.double().abs() if with_acc else 0)
     err = ((o.double() - ref).abs() / scale).max().item()
     assert err <= BOUND[prec], f"{prec}: {err:.3g}"
+
+
+@triton.jit
+def _split3_kernel(a_ptr, hi_ptr, mid_ptr, lo_ptr, M: tl.constexpr):
+    i = tl.arange(0, M)
+    hi, mid, lo = bf16_split3(tl.load(a_ptr + i))
+    tl.store(hi_ptr + i, hi)
+    tl.store(mid_ptr + i, mid)
+    tl.store(lo_ptr + i, lo)
+
+
+def test_bf16_split3_leaves_at_most_fp32_rounding():
+    # nearest rounding (the GPU) leaves 2^-8 per term, 2^-24 in all; Triton's CPU interpreter
+    # truncates to bf16 (a full step, 2^-7 per term), 2^-21 in all
+    g = gen(13)
+    a = (torch.randn(256, generator=g) * torch.exp2(torch.randint(-60, 60, (256,), generator=g))).to(DEV)
+    hi, mid, lo = (torch.empty(256, dtype=torch.bfloat16, device=DEV) for _ in range(3))
+    _split3_kernel[(1,)](a, hi, mid, lo, M=256)
+    step = 2.0 ** (-8 if CUDA else -7)
+    a64 = a.double().abs()
+    assert (mid.double().abs() <= a64 * step).all() and (lo.double().abs() <= a64 * step ** 2 * 1.01).all()
+    left = a.double() - hi.double() - mid.double() - lo.double()
+    assert (left.abs() <= a64 * step ** 3).all()
 
 
 def test_tf32_split_is_exact_and_truncates():
