@@ -293,6 +293,7 @@ _FLUSH_TILES = [dict(F_FOLD_MMA=False), dict(F_FOLD_MMA=True), dict(F_FOLD_MMA=T
 # now kept as X = inv - I and U = R + R X (rounding relative to the off-identity part); NR > 1:
 # one inverse per head.
 _X3E = dict(F_P_PREC="bf16x3e", F_FOLD_PREC="bf16x3e")   # the dual flush step's products as three bf16 terms
+_X3S = dict(_X3E, F_num_stages=1)
 _W16 = dict(F_FOLD_MMA=True, F_BLOCK_V=16, F_num_warps=2)
 _DUAL_TILES = [dict(F_FOLD_MMA=False), dict(_W16, F_NR=1), dict(_W16, F_NR=2), dict(_W16, F_NR=8),
                dict(_W16, F_NR=1, F_SMALL_PREC="tf32x3"), dict(_W16, F_NR=1, F_SMALL_PREC="ieee"),
@@ -441,6 +442,14 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(_X3E, F_num_stages=1), dict(_X3E, F_num_warps=4),
              *((dict(_X3E, F_BLOCK_V=32, F_NR=4, F_num_warps=8),) if b >= 256 else ()))], b, ("q122b", "q4b"))
             for b in (128, 256, 512)},
+         # session 22 (tune_gdn_s22a.txt): "bf16x3e" products and pipelining depth 1 together were the
+         # fastest at b128-512 (Qwen3.5-122B b256 264.9 vs 282.9 us); around them, and at the rows of
+         # batch x heads <= 4096 (one chunk, four chunks per program)
+         **{f"dualflush3-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, **o) for o in (
+             _X3E, _X3S, dict(_X3S, F_PF=0), dict(_X3S, F_PF_DIST=1), dict(_X3S, F_PF=1))], b, ("q122b", "q4b"))
+            for b in (32, 64, 128, 256, 512)},
+         **{f"foldprec2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, F_FOLD_PREC="bf16x3e", **o) for o in (
+             {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)},
          # session 22: the non-dual flush step's fold (stored u x the raw keys) as three bf16 terms
          # of u against the bf16 keys ("bf16x3e") instead of Triton's "tf32x3"
          **{f"foldprec-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_FOLD_PREC="bf16x3e"),

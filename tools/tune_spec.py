@@ -270,11 +270,19 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-pfd1": {"fold": dict(F_PF_DIST=1)},
     "bal6-pf2d1": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 2, "PF_DIST": 1})},
     "bal6-pf1d1": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 1, "PF_DIST": 1})},
+    # session 22: products of an fp32 side and raw bf16 keys / drafts as three bf16 terms of the fp32
+    # side (mma "bf16x3e": bf16 MMAs, ~2^-23 per product) instead of the truncation split "tf32x2t"
+    # (~2^-20): in the verify's state x drafts product (fp32 read copies), the commit's fold, the
+    # dual commit's two-pass kernel (state x keys and fold)
+    "x3e": dict(S_PREC="bf16x3e"),
+    "commit-x3e": {"fold": dict(F_FOLD_PREC="bf16x3e")},
+    "x3e-commit-x3e": dict(S_PREC="bf16x3e", fold=dict(F_FOLD_PREC="bf16x3e")),
+    "dcommit-x3e": {"fold": dict(F_P_PREC="bf16x3e", F_FOLD_PREC="bf16x3e")},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
 PREC_KEYS = ("s_prec", "S_PREC")     # the fp32 state tile's dot precision: not for a bf16 read copy
-PREC_NAMES = ("bf16x3", "bf16x2", "tf32x3", "split3", "ieee", "b3", "t2")
+PREC_NAMES = ("bf16x3", "bf16x2", "tf32x3", "split3", "ieee", "b3", "t2", "x3e")
 
 
 def variants_of(op: str, lo: str = "none", names=None) -> dict[str, dict]:

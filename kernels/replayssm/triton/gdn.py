@@ -2151,10 +2151,10 @@ def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: 
     meta = dict(HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_V=bv, BLOCK_K=ck,
                 BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_B=bb, NW=nw, NT=triton.cdiv(bb, nw),
                 COMPACT=compact, WRITE_O=write_o,
-                P_PREC=split_precision(torch.float32, rs.k.dtype),
+                P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
                 GRAM_PREC=mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
                 SMALL_PREC=split_precision(torch.float32, torch.float32),
-                FOLD_PREC=split_precision(torch.float32, rs.k.dtype),
+                FOLD_PREC=fc.get("FOLD_PREC") or split_precision(torch.float32, rs.k.dtype),
                 INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
     _launch_options(meta, fc)
     return _gdn_dual_2pass_kernel, grid, args, meta

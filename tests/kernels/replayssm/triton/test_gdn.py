@@ -718,6 +718,14 @@ VERIFY_CASES = [
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
+    # three bf16 terms of the fp32 side against raw bf16 keys / drafts (mma "bf16x3e"): the state x
+    # drafts product, the commit's fold (balanced and not), the dual two-pass kernel's products
+    ("bf16x3e-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
+     {"S_PREC": "bf16x3e", "F_FOLD_PREC": "bf16x3e"}),
+    ("bf16x3e-balanced-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
+     {"F_BALANCED": {"per_sm": 1}, "F_BLOCK_V": 16, "F_FOLD_PREC": "bf16x3e"}),
+    ("bf16x3e-2pass-dual-bf16-T3", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 3, 4, 7,
+     {"COMMIT_FOLD": False, "F_TWO_PASS": True, "F_CHUNK_K": 16, "F_P_PREC": "bf16x3e", "F_FOLD_PREC": "bf16x3e"}),
     # the state chunks through a TMA descriptor (fp32 read copy; a dual bf16 low copy, 2 row tiles)
     ("tma-f32-gqa-T3", GQA, "replay", "float32", None, torch.bfloat16, 3, 3, 6, {"BLOCK_V": 16, "TMA": True}),
     ("tma-dual-bf16-T4", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 4, 4, 8,
