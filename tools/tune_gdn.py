@@ -334,7 +334,7 @@ def _table(mode: str, batch: int, **kw) -> dict:
     """The launch table's replay row for a MODE at this batch (dk = dv = 128; dual states: at
     Qwen3.5-122B's 64 value heads, DUAL_ROUTE_HEADS), with kw over it."""
     m, sd, lo, _ = MODE[mode]
-    rb = getattr(torch, lo or sd).itemsize
+    rb = 1 if lo == "float8_e4m3" else getattr(torch, lo or sd).itemsize
     return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual",
                              heads=MODELS["q122b"][1]), **kw}
 
@@ -448,6 +448,16 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"dualflush3-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, **o) for o in (
              _X3E, _X3S, dict(_X3S, F_PF=0), dict(_X3S, F_PF_DIST=1), dict(_X3S, F_PF=1))], b, ("q122b", "q4b"))
             for b in (32, 64, 128, 256, 512)},
+         # the shipped dual rows (255 registers, spilling 2-10 bytes, 14 KiB of shared memory: 4
+         # programs per SM by registers) under register budgets that allow 5, 6 and 8
+         **{f"dualflush4-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, F_maxnreg=r)
+                                                                          for r in (192, 168, 128)], b, ("q122b", "q4b"))
+            for b in (64, 128, 256, 512)},
+         # dual fp8 low copies take the same rows: the rows before session 22 ("tf32x2t" / "tf32x3", depth 3,
+         # hints two ahead) vs the shipped ones
+         **{f"dualflush-fp8-b{b}": ("dual-fp8", [_table("dual-fp8", b, F_P_PREC="tf32x2t", F_FOLD_PREC="tf32x3",
+                                                        F_num_stages=3, F_PF=2, F_PF_DIST=2),
+                                                 _table("dual-fp8", b)], b, ("q122b", "q4b")) for b in (32, 128, 256)},
          **{f"foldprec2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, F_FOLD_PREC="bf16x3e", **o) for o in (
              {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)},
          # session 22: the non-dual flush step's fold (stored u x the raw keys) as three bf16 terms

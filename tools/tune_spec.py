@@ -278,6 +278,8 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-x3e": {"fold": dict(F_FOLD_PREC="bf16x3e")},
     "x3e-commit-x3e": dict(S_PREC="bf16x3e", fold=dict(F_FOLD_PREC="bf16x3e")),
     "dcommit-x3e": {"fold": dict(F_P_PREC="bf16x3e", F_FOLD_PREC="bf16x3e")},
+    # the table's folds before session 22 ("tf32x2t"), side by side with the shipped "bf16x3e"
+    "commit-t2x": {"fold": dict(F_FOLD_PREC="tf32x2t")},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}

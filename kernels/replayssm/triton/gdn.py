@@ -45,7 +45,7 @@ from ..state import CURSOR_MASK, FP8_MAX, LO_STALE, GDNReplayState
 from .common import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
     prefetch_hint
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
-from .mma import mm, mma_acc, mma_precision, split_precision
+from .mma import exact_b_holds, mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
 _TICKET = tl.constexpr(1 << 16)
@@ -75,6 +75,9 @@ _BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF":
 # Config key PDL per call.
 PDL = True
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
+# the dual flush step since session 22: its products against the raw keys as three bf16 terms
+# ("bf16x3e", where the keys are bf16 / fp8) and no software pipelining of the chunk loop
+_DUAL_FLUSH_X3E = dict(_DUAL_FLUSH, P_PREC="bf16x3e", FOLD_PREC="bf16x3e", num_stages=1)
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager: 4 rows x 1 warp at every batch. Session 17 (tune_gdn_s17a-c.txt), us, Qwen3.5-122B /
     # Qwen3.5-4B, against the rows it replaces (8 x 2 warps at batch 5-64, 16 x 1 above): b8 18.1 /
@@ -143,10 +146,20 @@ CONFIGS: dict[str, list[tuple]] = {
     # (4096) 107.6 vs 104.5 (107.5 vs 104.3 in _s21a); Qwen3.5-4B b32 (1024) 31.7 vs 36.1, b64 (2048)
     # 62.3 vs 63.7. bf16 state b64: Qwen3.5-122B (4096) 75.1 vs 74.1, Qwen3.5-4B (2048) 46.1 vs 44.7,
     # so 16-bit high copies take two chunks from 1025 (1025-2047 untimed)
-    "flush_step": [(2048, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
-                   (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
-    "flush_step:2": [(1024, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True}),
-                     (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True})],
+    # Session 22: the fold's product (stored u x the raw keys) as three bf16 terms of u against
+    # the bf16 keys (mma "bf16x3e"; Triton's "tf32x3" before, and where the keys are not bf16 /
+    # fp8). Whole step, us, "tf32x3" vs "bf16x3e", Qwen3.5-122B / Qwen3.5-4B (tune_gdn_s22b.txt):
+    # fp32 b64 104.6 / 62.2 vs 104.3 / 62.0, b128 191.3 / 105.2 vs 189.5 / 104.3, b256 367.6 /
+    # 191.8 vs 361.4 / 190.0 (_s22a: 367.1 / 191.7 vs 364.2 / 189.9), b512 721.5 / 372.0 vs
+    # 712.2 / 369.9; bf16 state b64 74.0 / 44.4 vs 70.1 / 45.3, b128 120.4 / 70.5 vs 116.8 / 66.5,
+    # b256 222.2 / 125.1 vs 212.1 / 119.5, b512 440.0 / 237.8 vs 416.4 / 225.1. The high copy's
+    # error against the fp32 reference: the same (1.2-1.7e-7 fp32)
+    "flush_step": [(2048, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e"}),
+                   (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e"})],
+    "flush_step:2": [(1024, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+                                    "FOLD_PREC": "bf16x3e"}),
+                     (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+                                    "FOLD_PREC": "bf16x3e"})],
     # dual states (u recomputed by the triangular solve): 16 rows x 2 warps, a whole head (NR 8:
     # one inverse per head) per program, the small products in Triton's "tf32x3". Qwen3.5-122B
     # b256, dual bf16: 290 us (NR 8) vs 329 (NR 1) and 406 rank-1; dual fp8 278 vs 404 us
@@ -164,8 +177,20 @@ CONFIGS: dict[str, list[tuple]] = {
     # (tune_gdn_s21e.txt): Qwen3.5-4B b128 (4096) 105.6 vs 87.5 (NR 1 93.5), Qwen3.5-122B b64
     # (4096) 97.5 vs 90.1; NR 8 stays best at 8192 (Qwen3.5-122B b128 148.5 vs 156.5 NR 4,
     # Qwen3.5-4B b256 151.1 vs 160.1) and NR 1-2 at 2048 (Qwen3.5-4B b64 55.7 vs 64.4 NR 4)
-    "flush_step_dual": [(2048, 16, 2, dict(_DUAL_FLUSH, NR=1)), (4096, 16, 2, dict(_DUAL_FLUSH, NR=4)),
-                        (None, 16, 2, dict(_DUAL_FLUSH, NR=8))],
+    # Session 22: both products against the raw keys (S_0 Kb^T and the fold) as three bf16 terms
+    # of the fp32 side ("bf16x3e": bf16 MMAs, the keys a bf16 operand; "tf32x2t" / "tf32x3"
+    # before), no software pipelining (num_stages 1: 35 instead of 51 KiB of shared memory), hints
+    # one chunk ahead where a program has more than one (none where it has one). Nsight Compute
+    # before (Qwen3.5-122B b256): 98.3 us at 31 % of DRAM peak, 255 registers, 4 two-warp programs
+    # per SM. Whole step, us, the rows before vs these, Qwen3.5-122B / Qwen3.5-4B (tune_gdn_s22b.txt;
+    # _s22a.txt alike): b32 54.9 / 29.0 vs 54.6 / 28.6, b64 89.9 / 55.5 vs 84.4 / 55.0, b128 148.2 /
+    # 86.6 vs 138.2 / 81.2, b256 282.6 / 151.4 vs 263.4 / 142.2, b512 541.8 / 295.3 vs 506.3 / 276.3.
+    # Each change alone (b256, _s22a): "bf16x3e" 266.3 / 143.1, depth 1 272.3 / 146.0. Four warps
+    # lost everywhere (344.8 / 181.5 at b256), as did 32-row chunks (466.5 / 244.6). The high
+    # copy's error: the same (2.4-3.2e-7)
+    "flush_step_dual": [(2048, 16, 2, dict(_DUAL_FLUSH_X3E, NR=1, PF=0)),
+                        (4096, 16, 2, dict(_DUAL_FLUSH_X3E, NR=4, PF_DIST=1)),
+                        (None, 16, 2, dict(_DUAL_FLUSH_X3E, NR=8, PF_DIST=1))],
     # the speculative commit (plan_commit), fp32 states: the flush step's fold over up to K + T - 1
     # entries (32-entry tiles at T <= 16), a whole head per program, over the rows the cursor launch
     # lists (COMPACT), the fold's fp32 side split by truncation (FOLD_SPLIT). T4 verify + commit round
@@ -180,18 +205,26 @@ CONFIGS: dict[str, list[tuple]] = {
     # 139.9 / 256.6 vs 140.2 / 258.8; and at <= 32 value heads the balanced fold
     # (_gdn_commit_balanced_kernel, _BALANCED_COMMIT), Qwen3.5-4B 138.6 / 254.4 (twice: 138.5 /
     # 254.1; at Qwen3.5-122B 249.9 / 476.0, no gain) (tune_spec_s14d-g.txt)
+    # Session 22: the fold as three bf16 terms of u against bf16 / fp8 keys (FOLD_PREC "bf16x3e";
+    # FOLD_SPLIT's "tf32x2t" for other keys). T4 verify + commit round, b128, us (tune_spec_s22b.txt):
+    # Qwen3.5-4B 137.3 vs 134.7, Qwen3.5-122B 247.2 vs 245.6
     "commit":   [(64, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
-                              "FOLD_SPLIT": True}),
+                              "FOLD_SPLIT": True, "FOLD_PREC": "bf16x3e"}),
                  (128, 16, 2, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
-                               "FOLD_SPLIT": True, "maxnreg": 160, "BALANCED": _BALANCED_COMMIT}),
+                               "FOLD_SPLIT": True, "FOLD_PREC": "bf16x3e", "maxnreg": 160,
+                               "BALANCED": _BALANCED_COMMIT}),
                  (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
-                                "FOLD_SPLIT": True, "maxnreg": 160, "BALANCED": _BALANCED_COMMIT})],
+                                "FOLD_SPLIT": True, "FOLD_PREC": "bf16x3e", "maxnreg": 160,
+                                "BALANCED": _BALANCED_COMMIT})],
     # Dual states: the two-pass kernel (_gdn_dual_2pass_kernel), a whole head per program on 4
     # warps in 16-column dk steps: T4 verify + commit round, Qwen3.5-122B b256 dual bf16, 558 us vs
     # 633 with the rank-1 fold kernel, 600 (64 rows x 4 warps), 632 (128 x 8 warps), 805 (32 x 4)
     # (tune_spec_s10f.txt, one run). The rank-1 fold kernel serves the low copies it does not
-    # take (fp8, with per-row scales); F_TWO_PASS False: the flush step (its keys as below)
-    "commit_dual": [(None, 128, 4, dict(_DUAL_FLUSH, NR=1, TWO_PASS=True, CHUNK_K=16))],
+    # take (fp8, with per-row scales); F_TWO_PASS False: the flush step (its keys as below).
+    # Session 22: the fold's product as three bf16 terms (FOLD_PREC "bf16x3e", "tf32x2t" before):
+    # T4 round b128 dual bf16, us, Qwen3.5-122B 258.0 vs 247.7, Qwen3.5-4B 139.5 vs 133.9; with the
+    # state x keys product so too (P_PREC), 249.3 / 134.6 (tune_spec_s22b.txt)
+    "commit_dual": [(None, 128, 4, dict(_DUAL_FLUSH, NR=1, TWO_PASS=True, CHUNK_K=16, FOLD_PREC="bf16x3e"))],
     "fold":     [(None, 32, 4)],
     # verify, batch > 4: a whole 128-row head per program on 2 warps (64 rows per warp), so the
     # per-head work (the buffer keys' and drafts' Gram products, the solve's coefficients) is done
@@ -1878,7 +1911,7 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     if _fold_mma_fits(rs, fc, fm["BLOCK_R"]):
         meta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
                     FOLD_PREC=_fold_precision(rs, fc),
-                    P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
+                    P_PREC=_keys_precision(rs, fc, "P_PREC") or split_precision(torch.float32, rs.k.dtype),
                     SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
                     GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
     return _gdn_flush_step_kernel, grid, args, meta
@@ -1892,11 +1925,20 @@ def _fold_mma_fits(rs: GDNReplayState, fc: dict, block_r: int) -> bool:
             and min(block_r, fc["BLOCK_K"]) >= 16 and rs.capacity <= 64)
 
 
+def _keys_precision(rs: GDNReplayState, fc: dict, key: str) -> str | None:
+    """The row's precision `key` for a product against the raw keys, where its premise holds for
+    the buffer's key dtype (mma.exact_b_holds: "bf16x3e" needs bf16 or fp8 keys), else None."""
+    prec = fc.get(key)
+    return prec if prec and exact_b_holds(prec, rs.k.dtype) else None
+
+
 def _fold_precision(rs: GDNReplayState, fc: dict) -> str:
-    """The matrix-product fold's precision (fp32 u x the raw keys): the row's FOLD_PREC, else
-    the truncation split where it says FOLD_SPLIT, else mma_precision's ("tf32x3" for fp32 keys)."""
-    return fc.get("FOLD_PREC") or (split_precision(torch.float32, rs.k.dtype) if fc.get("FOLD_SPLIT")
-                                   else mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
+    """The matrix-product fold's precision (fp32 u x the raw keys): the row's FOLD_PREC where
+    the keys allow it (_keys_precision), else the truncation split where it says FOLD_SPLIT,
+    else mma_precision's ("tf32x3" for fp32 keys)."""
+    return _keys_precision(rs, fc, "FOLD_PREC") or (
+        split_precision(torch.float32, rs.k.dtype) if fc.get("FOLD_SPLIT")
+        else mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
 
 
 def takes_eager_route(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
@@ -2151,10 +2193,10 @@ def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: 
     meta = dict(HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_V=bv, BLOCK_K=ck,
                 BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_B=bb, NW=nw, NT=triton.cdiv(bb, nw),
                 COMPACT=compact, WRITE_O=write_o,
-                P_PREC=fc.get("P_PREC") or split_precision(torch.float32, rs.k.dtype),
+                P_PREC=_keys_precision(rs, fc, "P_PREC") or split_precision(torch.float32, rs.k.dtype),
                 GRAM_PREC=mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
                 SMALL_PREC=split_precision(torch.float32, torch.float32),
-                FOLD_PREC=fc.get("FOLD_PREC") or split_precision(torch.float32, rs.k.dtype),
+                FOLD_PREC=_keys_precision(rs, fc, "FOLD_PREC") or split_precision(torch.float32, rs.k.dtype),
                 INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
     _launch_options(meta, fc)
     return _gdn_dual_2pass_kernel, grid, args, meta

@@ -53,6 +53,17 @@ def split_precision(a: torch.dtype, b: torch.dtype) -> str:
     return p
 
 
+def exact_b_holds(prec: str, b: torch.dtype) -> bool:
+    """Whether PREC's premise on its second operand holds for values stored as dtype b: "bf16x3e"
+    and "bf16x2" need b exact in bf16 (bf16, fp8 e4m3), "tf32x2t" exact in tf32 (also fp16);
+    the other precisions assume nothing."""
+    if prec in ("bf16x3e", "bf16x2"):
+        return b in _BF16_EXACT
+    if prec == "tf32x2t":
+        return b in _BF16_EXACT + (torch.float16,)
+    return True
+
+
 @triton.jit
 def tf32_split(a):
     """(hi, lo) with a = hi + lo exactly: hi = fp32 a truncated to tf32, lo = a - hi (< 2^-10 |a|)."""

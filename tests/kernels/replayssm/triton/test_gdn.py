@@ -288,6 +288,27 @@ def test_dual_flush_step_rows():
     assert _flush_nr(q4b, 128, "dual", cfg={"F_NR": 2}) == 2
 
 
+@pytest.mark.parametrize("act,want", [(torch.bfloat16, ("bf16x3e", "bf16x3e")), (torch.float16, ("tf32x3", "tf32x2t")),
+                                      (torch.float32, ("tf32x3", "tf32x3t"))])
+def test_flush_step_key_products_by_key_dtype(act, want):
+    """want: (FOLD_PREC, dual P_PREC). The flush step's products against the raw keys (dual: S_0 Kb^T, P_PREC; every fold: FOLD_PREC)
+    take three bf16 terms of the fp32 side ("bf16x3e") only where the keys are exact in bf16;
+    fp16 / fp32 keys fall back to the truncation split / Triton's "tf32x3". The dual rows run
+    without software pipelining; the non-dual folds take "bf16x3e" the same way."""
+    from replayssm.triton import gdn as TK
+    Hk, Hv, dk, dv, batch = 16, 64, 128, 128, 256
+    e = lambda *s, dt=act: torch.empty(batch, *s, dtype=dt, device="meta")
+    x = dict(q=e(Hk, dk), k=e(Hk, dk), v=e(Hv, dv), g=e(Hv, dt=torch.float32), beta=e(Hv, dt=torch.float32))
+    for mode, sd in (("dual", "float32"), ("replay", "float32"), ("replay", "bfloat16")):
+        rs = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, 16, 16, mode=mode, state_dtype=sd, act_dtype=act,
+                                     lo_dtype="bfloat16" if mode == "dual" else None, device="meta")
+        meta = TK.plan_replay(rs, **x, state_indices=None, scale=.1, o=x["v"])[-1][3]
+        assert meta["FOLD_MMA"] and meta["FOLD_PREC"] == want[0], (mode, sd)
+        if mode == "dual":
+            assert meta["P_PREC"] == want[1]
+            assert meta["num_stages"] == 1
+
+
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
 def test_replay_matches_reference(case):
     name, sh, mode, sd, lo, act, L, K, cfg = case
@@ -492,15 +513,18 @@ def test_commit_route_plan():
     assert step[2][3].numel() >= batch + 1                       # ... and their count
     scan = TK.plan_commit(rs("replay"), acc, None, {"F_COMPACT": False})
     assert not scan[0][3]["COMPACT"] and not scan[1][3]["COMPACT"]
-    # the fold's fp32 side split by truncation: two passes for bf16 keys (exact in tf32), three for fp32
-    assert step[3]["FOLD_PREC"] == "tf32x2t"
-    f32_keys = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, act_dtype=torch.float32, device="meta")
-    assert TK.plan_commit(f32_keys, acc, None)[1][3]["FOLD_PREC"] == "tf32x3t"
+    # the fold's fp32 side as three bf16 terms against bf16 keys; split by truncation for keys not
+    # exact in bf16: two passes for fp16 keys (exact in tf32), three for fp32
+    assert step[3]["FOLD_PREC"] == "bf16x3e"
+    for act, want in ((torch.float16, "tf32x2t"), (torch.float32, "tf32x3t")):
+        keys = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, act_dtype=act, device="meta")
+        assert TK.plan_commit(keys, acc, None)[1][3]["FOLD_PREC"] == want, act
     # dual: the two-pass kernel over the listed rows (whole heads, 16-column dk steps); an fp8
     # low copy (per-row scales) through the rank-1 fold kernel; F_TWO_PASS off: the flush step
     snap, two = TK.plan_commit(rs("dual", "bfloat16"), acc, None)
     assert (snap[0], two[0]) == (TK._gdn_commit_cursor_kernel, TK._gdn_dual_2pass_kernel) and snap[3]["COMPACT"]
     assert (two[1], two[3]["BLOCK_K"], two[3]["BLOCK_L"]) == ((batch * T // K, Hv), 16, 32)
+    assert (two[3]["P_PREC"], two[3]["FOLD_PREC"]) == ("tf32x2t", "bf16x3e")
     assert [p[0] for p in TK.plan_commit(rs("dual", "float8_e4m3"), acc, None)] == [TK._gdn_fold_kernel]
     assert [p[0] for p in TK.plan_commit(rs("dual", "bfloat16"), acc, None, {"COMMIT_FOLD": True})] == [
         TK._gdn_fold_kernel]
