@@ -186,8 +186,11 @@ CONFIGS: dict[str, list[tuple]] = {
     # _s22a.txt alike): b32 54.9 / 29.0 vs 54.6 / 28.6, b64 89.9 / 55.5 vs 84.4 / 55.0, b128 148.2 /
     # 86.6 vs 138.2 / 81.2, b256 282.6 / 151.4 vs 263.4 / 142.2, b512 541.8 / 295.3 vs 506.3 / 276.3.
     # Each change alone (b256, _s22a): "bf16x3e" 266.3 / 143.1, depth 1 272.3 / 146.0. Four warps
-    # lost everywhere (344.8 / 181.5 at b256), as did 32-row chunks (466.5 / 244.6). The high
-    # copy's error: the same (2.4-3.2e-7)
+    # lost everywhere (344.8 / 181.5 at b256), as did 32-row chunks (466.5 / 244.6) and register
+    # budgets of 192 / 168 / 128 (ptxas spills 2-10 bytes at 255; under them 24-112, 0.5-24 %
+    # slower, _s22c.txt). The high copy's error: the same (2.4-3.2e-7). Dual fp8 low copies, old
+    # rows vs these: b128 141.4 / 93.5 vs 131.7 / 87.0, b256 275.1 / 168.7 vs 263.7 / 161.3, b32
+    # 56.3 / 31.0 vs 56.3 / 30.9 (_s22c.txt)
     "flush_step_dual": [(2048, 16, 2, dict(_DUAL_FLUSH_X3E, NR=1, PF=0)),
                         (4096, 16, 2, dict(_DUAL_FLUSH_X3E, NR=4, PF_DIST=1)),
                         (None, 16, 2, dict(_DUAL_FLUSH_X3E, NR=8, PF_DIST=1))],
@@ -205,11 +208,13 @@ CONFIGS: dict[str, list[tuple]] = {
     # 139.9 / 256.6 vs 140.2 / 258.8; and at <= 32 value heads the balanced fold
     # (_gdn_commit_balanced_kernel, _BALANCED_COMMIT), Qwen3.5-4B 138.6 / 254.4 (twice: 138.5 /
     # 254.1; at Qwen3.5-122B 249.9 / 476.0, no gain) (tune_spec_s14d-g.txt)
-    # Session 22: the fold as three bf16 terms of u against bf16 / fp8 keys (FOLD_PREC "bf16x3e";
-    # FOLD_SPLIT's "tf32x2t" for other keys). T4 verify + commit round, b128, us (tune_spec_s22b.txt):
-    # Qwen3.5-4B 137.3 vs 134.7, Qwen3.5-122B 247.2 vs 245.6
+    # Session 22, above batch 64: the fold as three bf16 terms of u against bf16 / fp8 keys
+    # (FOLD_PREC "bf16x3e"; FOLD_SPLIT's "tf32x2t" for other keys). T4 verify + commit round, us,
+    # "tf32x2t" vs "bf16x3e" (tune_spec_s22b.txt, _s22c.txt): b128 Qwen3.5-4B 137.3 vs 134.7,
+    # Qwen3.5-122B 247.2 vs 245.6; b256 253.0 vs 250.4, 471.0 vs 467.3; but b32 (the 32 x 4 row)
+    # Qwen3.5-122B 75.5 vs 76.1, so batch <= 64 keeps "tf32x2t"
     "commit":   [(64, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
-                              "FOLD_SPLIT": True, "FOLD_PREC": "bf16x3e"}),
+                              "FOLD_SPLIT": True}),
                  (128, 16, 2, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                                "FOLD_SPLIT": True, "FOLD_PREC": "bf16x3e", "maxnreg": 160,
                                "BALANCED": _BALANCED_COMMIT}),
@@ -222,8 +227,9 @@ CONFIGS: dict[str, list[tuple]] = {
     # (tune_spec_s10f.txt, one run). The rank-1 fold kernel serves the low copies it does not
     # take (fp8, with per-row scales); F_TWO_PASS False: the flush step (its keys as below).
     # Session 22: the fold's product as three bf16 terms (FOLD_PREC "bf16x3e", "tf32x2t" before):
-    # T4 round b128 dual bf16, us, Qwen3.5-122B 258.0 vs 247.7, Qwen3.5-4B 139.5 vs 133.9; with the
-    # state x keys product so too (P_PREC), 249.3 / 134.6 (tune_spec_s22b.txt)
+    # T4 round dual bf16, us, Qwen3.5-122B / Qwen3.5-4B, b128 258.0 / 139.5 vs 247.7 / 133.9
+    # (with the state x keys product so too, P_PREC: 249.3 / 134.6; tune_spec_s22b.txt), b256
+    # 496.7 / 261.9 vs 478.5 / 251.9 (_s22c.txt)
     "commit_dual": [(None, 128, 4, dict(_DUAL_FLUSH, NR=1, TWO_PASS=True, CHUNK_K=16, FOLD_PREC="bf16x3e"))],
     "fold":     [(None, 32, 4)],
     # verify, batch > 4: a whole 128-row head per program on 2 warps (64 rows per warp), so the

@@ -516,6 +516,8 @@ def test_commit_route_plan():
     # the fold's fp32 side as three bf16 terms against bf16 keys; split by truncation for keys not
     # exact in bf16: two passes for fp16 keys (exact in tf32), three for fp32
     assert step[3]["FOLD_PREC"] == "bf16x3e"
+    small = TK.plan_commit(rs("replay"), torch.empty(64, dtype=torch.int32, device="meta"), None)[1][3]
+    assert small["FOLD_PREC"] == "tf32x2t"                       # batch <= 64: the truncation split
     for act, want in ((torch.float16, "tf32x2t"), (torch.float32, "tf32x3t")):
         keys = GDNReplayState.allocate(batch, Hk, Hv, dk, dv, K + T, K, act_dtype=act, device="meta")
         assert TK.plan_commit(keys, acc, None)[1][3]["FOLD_PREC"] == want, act
@@ -884,7 +886,12 @@ print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))
 # results/device-logs-20261130-s12/tune_spec_s12e_T6.txt); with the state chunks through TMA
 # (TMA_T) 16 bytes at T 6 and 4 at T 4, timed faster than without TMA at b32-512
 # (results/device-logs-20261201-s13/: T4 b256 Qwen3.5-4B 263.0 vs 268.8 us, T6 324.6 vs 328.7).
-SPILL_ALLOWED = {"verify T4 b256": 4, "verify T6 b256": 16}
+# The dual flush step (session 22: "bf16x3e" products, no software pipelining) spills 4-10
+# bytes at the H200's real shapes and 12-28 at this script's (ptxas at 255 registers), and
+# ran faster than every variant without: the rows before, 255 registers and no spill, Qwen3.5-122B
+# b256 282.6 vs 263.4 us; register budgets spilling more, slower (tune_gdn_s22b.txt, _s22c.txt)
+SPILL_ALLOWED = {"verify T4 b256": 4, "verify T6 b256": 16, "replay dual bfloat16 b256 launch 1": 32,
+                 "replay dual float8_e4m3 b256 launch 1": 16}
 
 
 @pytest.mark.skipif(CUDA, reason="the CUDA run compiles and runs the kernels for real")
