@@ -280,6 +280,10 @@ GDN_VARIANTS: dict[str, dict] = {
     "dcommit-x3e": {"fold": dict(F_P_PREC="bf16x3e", F_FOLD_PREC="bf16x3e")},
     # the table's folds before session 22 ("tf32x2t"), side by side with the shipped "bf16x3e"
     "commit-t2x": {"fold": dict(F_FOLD_PREC="tf32x2t")},
+    # the balanced fold with "bf16x3e" (the table's since session 22) at more programs per SM, and
+    # without software pipelining
+    "bal6-s1": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "num_stages": 1})},
+    "bal8-r128-s1": {"fold": dict(F_BALANCED={"per_sm": 8, "maxnreg": 128, "PF": 0, "num_stages": 1})},
 }
 # the smoke run's dual and small-batch groups take only these (the p0 groups take all)
 SMOKE_FEW = {"mamba2": ["default", "b32w2-late"], "gdn": ["default", "bv64w2-late"]}
