@@ -435,7 +435,9 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # sm_90 registers / shared memory (offline): 4 warps 219 / 51 KiB; pipelining depth 1 / 2 247 /
          # 254 and 35 / 43 KiB (3, Triton's default: 255, 51 KiB); hints one ahead or none 255 / 254.
          # Session 22: the state x keys products as three bf16 terms (mma "bf16x3e": bf16 MMAs, the
-         # keys a bf16 operand) 255 + 4 bytes of spill, 31 KiB; with 32-row chunks x 8 warps 246, 47 KiB
+         # keys a bf16 operand) 255 + 4 bytes of spill, 31 KiB; with 32-row chunks x 8 warps 246, 47 KiB.
+         # Timed (tune_gdn_s22a.txt): "bf16x3e" and depth 1 each faster, together fastest; 4 warps
+         # and 32-row chunks slower
          **{f"dualflush2-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, **o) for o in (
              dict(F_num_warps=4), dict(F_num_stages=1), dict(F_num_stages=2), dict(F_PF_DIST=1), dict(F_PF=0),
              dict(F_num_warps=4, F_PF_DIST=1), dict(F_num_warps=4, F_num_stages=1), _X3E,
@@ -449,22 +451,25 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              _X3E, _X3S, dict(_X3S, F_PF=0), dict(_X3S, F_PF_DIST=1), dict(_X3S, F_PF=1))], b, ("q122b", "q4b"))
             for b in (32, 64, 128, 256, 512)},
          # the shipped dual rows (255 registers, spilling 2-10 bytes, 14 KiB of shared memory: 4
-         # programs per SM by registers) under register budgets that allow 5, 6 and 8
-         **{f"dualflush4-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, F_maxnreg=r)
-                                                                          for r in (192, 168, 128)], b, ("q122b", "q4b"))
+         # programs per SM by registers) under register budgets that allow 5, 6 and 8 (tune_gdn_s22c.txt:
+         # all slower or equal)
+         **{f"dualflush4-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [
+             _table("dual-bf16", b, F_maxnreg=r) for r in (192, 168, 128)], b, ("q122b", "q4b"))
             for b in (64, 128, 256, 512)},
          # dual fp8 low copies take the same rows: the rows before session 22 ("tf32x2t" / "tf32x3", depth 3,
-         # hints two ahead) vs the shipped ones
+         # hints two ahead) vs the shipped ones (tune_gdn_s22c.txt: 4-7 % faster at b128 / b256, equal at b32)
          **{f"dualflush-fp8-b{b}": ("dual-fp8", [_table("dual-fp8", b, F_P_PREC="tf32x2t", F_FOLD_PREC="tf32x3",
                                                         F_num_stages=3, F_PF=2, F_PF_DIST=2),
                                                  _table("dual-fp8", b)], b, ("q122b", "q4b")) for b in (32, 128, 256)},
-         **{f"foldprec2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, F_FOLD_PREC="bf16x3e", **o) for o in (
-             {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)},
          # session 22: the non-dual flush step's fold (stored u x the raw keys) as three bf16 terms
-         # of u against the bf16 keys ("bf16x3e") instead of Triton's "tf32x3"
+         # of u against the bf16 keys ("bf16x3e") instead of Triton's "tf32x3" (until e007aaf the
+         # table's, so the first entry of these lists; since e007aaf the table has "bf16x3e")
          **{f"foldprec-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_FOLD_PREC="bf16x3e"),
                                       _table(m, b, F_FOLD_PREC="tf32x2t")], b, ("q122b", "q4b"))
-            for m in ("f32", "bf16") for b in (128, 256, 512)}}
+            for m in ("f32", "bf16") for b in (128, 256, 512)},
+         # tune_gdn_s22a.txt: "bf16x3e" 1-4 % faster at b256; at every batch, and at depth 1 (mixed)
+         **{f"foldprec2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, F_FOLD_PREC="bf16x3e", **o) for o in (
+             {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

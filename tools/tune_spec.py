@@ -273,12 +273,14 @@ GDN_VARIANTS: dict[str, dict] = {
     # session 22: products of an fp32 side and raw bf16 keys / drafts as three bf16 terms of the fp32
     # side (mma "bf16x3e": bf16 MMAs, ~2^-23 per product) instead of the truncation split "tf32x2t"
     # (~2^-20): in the verify's state x drafts product (fp32 read copies), the commit's fold, the
-    # dual commit's two-pass kernel (state x keys and fold)
+    # dual commit's two-pass kernel (state x keys and fold). tune_spec_s22b.txt: slower in the
+    # verify; faster in the commits' folds (the tables' above batch 64 since then)
     "x3e": dict(S_PREC="bf16x3e"),
     "commit-x3e": {"fold": dict(F_FOLD_PREC="bf16x3e")},
     "x3e-commit-x3e": dict(S_PREC="bf16x3e", fold=dict(F_FOLD_PREC="bf16x3e")),
     "dcommit-x3e": {"fold": dict(F_P_PREC="bf16x3e", F_FOLD_PREC="bf16x3e")},
-    # the table's folds before session 22 ("tf32x2t"), side by side with the shipped "bf16x3e"
+    # the commits' fold before session 22 ("tf32x2t", still the table's at batch <= 64), side by
+    # side with the shipped "bf16x3e"
     "commit-t2x": {"fold": dict(F_FOLD_PREC="tf32x2t")},
     # the balanced fold with "bf16x3e" (the table's since session 22) at more programs per SM, and
     # without software pipelining

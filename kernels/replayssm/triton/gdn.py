@@ -1073,12 +1073,14 @@ def _gdn_flush_step_kernel(
     the number of flushing rows; one reduction each, not up to three for each of NT rank
     slots), and the fold is one matrix product per chunk, F = (U * w) Kb with U [rows, L] the
     u rows, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb [L, dk] the raw keys (FOLD_PREC:
-    "tf32x3" ~2^-22 for the replay step's flush, where the truncation split "tf32x2t" spilled
-    at 32 rows x 4 warps on sm_90 (session 5); the commit rows' FOLD_SPLIT takes
-    mma.split_precision: "tf32x2t" ~2^-20 for bf16 keys, exact in tf32, the fp32 side split,
-    two passes), instead of L rank-1 updates that each reduce their
-    key's norm across the program. Non-dual, U is the stored u. Dual, U is recomputed against
-    the high chunk S_0 in closed form instead of entry by entry: with A_i = e^{c_i},
+    since session 22 the tables' "bf16x3e" where the keys are bf16 / fp8, three bf16 terms of
+    U * w against the keys as the bf16 operand, ~2^-23 (_fold_product); else "tf32x3" ~2^-22
+    for the replay step's flush, where the truncation split "tf32x2t" spilled at 32 rows x 4
+    warps on sm_90 (session 5), and for the commit rows' FOLD_SPLIT mma.split_precision:
+    "tf32x2t" ~2^-20 for keys exact in tf32, the fp32 side split, two passes), instead of L
+    rank-1 updates that each reduce their key's norm across the program. Non-dual, U is the
+    stored u. Dual, U is recomputed against the high chunk S_0 in closed form instead of entry
+    by entry: with A_i = e^{c_i},
         u_j + sum_{m<j} M_mj u_m = beta_j (v_j - A_j S_0 k_j),  M_mj = beta_j e^{c_j - c_m} (k_m . k_j),
     so U = R (I + M)^-1 = R + R X with R [rows, L] from one product S_0 Kb^T (P_PREC) and
     X = (I + M)^-1 - I from the keys' Gram matrix (GRAM_PREC) once per head

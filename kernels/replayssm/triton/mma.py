@@ -1,4 +1,4 @@
-"""tl.dot helpers shared by the verify kernels (triton/mamba2.py, triton/gdn.py): matrix
+"""tl.dot helpers shared by the verify and fold kernels (triton/mamba2.py, triton/gdn.py): matrix
 products that are exact per product where the stored operands allow, and their host-side
 precision choice.
 
@@ -16,9 +16,10 @@ drops it: a = hi + lo, both rounded to bf16 (hi = bf16(a), lo = bf16(a - hi)), t
 against b exact in bf16 (bf16 / fp8 values), ~2^-16 per product (the rounding of lo); a bf16
 MMA runs at twice the tf32 rate, so it costs half of "tf32x2t"'s two passes. "bf16x3e": b
 exact in bf16 and a = hi + mid + lo, three bf16 roundings (each term the bf16 nearest what
-the terms before it left; |a - hi - mid - lo| <= 2^-24 |a|, fp32 rounding), three bf16 MMAs, ~2^-23 per product
-(the fp32 accumulation): tighter than "tf32x2t" for fewer MMA instructions (bf16 takes 16 of
-K per instruction, tf32 8), and b stays a bf16 operand (half the registers of fp32 b).
+the terms before it left; |a - hi - mid - lo| <= 2^-24 |a|, as fp32's own rounding), three
+bf16 MMAs, ~2^-23 per product with the fp32 accumulation: tighter than "tf32x2t" for fewer MMA
+instructions (bf16 takes 16 of K per instruction, tf32 8), and b stays a bf16 operand (half
+the registers of fp32 b). Triton's CPU interpreter truncates to bf16 (2^-21 in all there).
 Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
 precisions, every tl.dot product runs in fp32 ("ieee"); the truncation splits run as written
 there (their tf32 dots in fp32), so the CPU tests check their algebra, the GPU tests their error.

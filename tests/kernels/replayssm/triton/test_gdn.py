@@ -291,10 +291,10 @@ def test_dual_flush_step_rows():
 @pytest.mark.parametrize("act,want", [(torch.bfloat16, ("bf16x3e", "bf16x3e")), (torch.float16, ("tf32x3", "tf32x2t")),
                                       (torch.float32, ("tf32x3", "tf32x3t"))])
 def test_flush_step_key_products_by_key_dtype(act, want):
-    """want: (FOLD_PREC, dual P_PREC). The flush step's products against the raw keys (dual: S_0 Kb^T, P_PREC; every fold: FOLD_PREC)
-    take three bf16 terms of the fp32 side ("bf16x3e") only where the keys are exact in bf16;
-    fp16 / fp32 keys fall back to the truncation split / Triton's "tf32x3". The dual rows run
-    without software pipelining; the non-dual folds take "bf16x3e" the same way."""
+    """want: (FOLD_PREC, dual P_PREC). The flush step's products against the raw keys (dual:
+    S_0 Kb^T, P_PREC; every fold: FOLD_PREC) take three bf16 terms of the fp32 side ("bf16x3e")
+    only where the keys are exact in bf16; fp16 / fp32 keys fall back to the truncation split /
+    Triton's "tf32x3". The dual rows run without software pipelining."""
     from replayssm.triton import gdn as TK
     Hk, Hv, dk, dv, batch = 16, 64, 128, 128, 256
     e = lambda *s, dt=act: torch.empty(batch, *s, dtype=dt, device="meta")
