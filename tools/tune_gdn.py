@@ -428,7 +428,7 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # programs, each a chain of 8 folds) left the GPU idle
          **{f"dualflush-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, F_NR=n)
                                                                           for n in (1, 2, 4, 8)], b, ("q122b", "q4b"))
-            for b in (64, 128, 256)},
+            for b in (32, 64, 128, 256)},
          # prepared in session 21, timed in session 22: the dual flush step (Nsight Compute, Qwen3.5-122B
          # b256: 98.3 us at 31 % of DRAM peak, 255 registers and 51 KiB of shared memory for 4
          # programs of 2 warps per SM, 1024 whole-head programs whose 8 chunks run one after another).
