@@ -145,7 +145,7 @@ CONFIGS: dict[str, list[tuple]] = {
     # us, NR 1 vs 2, the number keyed in brackets): fp32 Qwen3.5-122B b32 (2048) 61.4 vs 62.9, b64
     # (4096) 107.6 vs 104.5 (107.5 vs 104.3 in _s21a); Qwen3.5-4B b32 (1024) 31.7 vs 36.1, b64 (2048)
     # 62.3 vs 63.7. bf16 state b64: Qwen3.5-122B (4096) 75.1 vs 74.1, Qwen3.5-4B (2048) 46.1 vs 44.7,
-    # so 16-bit high copies take two chunks from 1025 (1025-2047 untimed)
+    # so 16-bit high copies took two chunks from 1025 (1025-2047 untimed; session 22: see below)
     # Session 22: the fold's product (stored u x the raw keys) as three bf16 terms of u against
     # the bf16 keys (mma "bf16x3e"; Triton's "tf32x3" before, and where the keys are not bf16 /
     # fp8). Whole step, us, "tf32x3" vs "bf16x3e", Qwen3.5-122B / Qwen3.5-4B (tune_gdn_s22b.txt):
@@ -153,12 +153,20 @@ CONFIGS: dict[str, list[tuple]] = {
     # 191.8 vs 361.4 / 190.0 (_s22a: 367.1 / 191.7 vs 364.2 / 189.9), b512 721.5 / 372.0 vs
     # 712.2 / 369.9; bf16 state b64 74.0 / 44.4 vs 70.1 / 45.3, b128 120.4 / 70.5 vs 116.8 / 66.5,
     # b256 222.2 / 125.1 vs 212.1 / 119.5, b512 440.0 / 237.8 vs 416.4 / 225.1. The high copy's
-    # error against the fp32 reference: the same (1.2-1.7e-7 fp32)
+    # error against the fp32 reference: the same (1.2-1.7e-7 fp32). With it, 16-bit high copies'
+    # chunks per program again, NR 1 / 2 / 4, us (tune_gdn_s22e.txt, _s22f.txt; batch x heads in
+    # brackets): Qwen3.5-4B b64 (2048) 43.4 / 45.7 / 50.8, Qwen3.5-122B b64 (4096) 71.7 / 70.6 /
+    # 74.7, Qwen3.5-4B b128 (4096) 67.7 / 66.8 / 70.7, Qwen3.5-122B b128 (8192) 119.9 / 116.8 / 114.9,
+    # b256 (8192 / 16384) Qwen3.5-4B 124.7 / 119.8 / 118.3, Qwen3.5-122B 223.8 / 213.0 / 209.8, b512
+    # 235.9 / 225.6 / 222.0, 441.3 / 417.9 / 411.1: one chunk to 2048, two to 4096, four above. fp32
+    # NR 2 vs 4 within 1 % either way (b256 361.2 / 189.4 vs 361.9 / 187.9): two chunks stay
     "flush_step": [(2048, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e"}),
                    (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e"})],
-    "flush_step:2": [(1024, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+    "flush_step:2": [(2048, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
                                     "FOLD_PREC": "bf16x3e"}),
-                     (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+                     (4096, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
+                                    "FOLD_PREC": "bf16x3e"}),
+                     (None, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
                                     "FOLD_PREC": "bf16x3e"})],
     # dual states (u recomputed by the triangular solve): 16 rows x 2 warps, a whole head (NR 8:
     # one inverse per head) per program, the small products in Triton's "tf32x3". Qwen3.5-122B
@@ -190,8 +198,14 @@ CONFIGS: dict[str, list[tuple]] = {
     # budgets of 192 / 168 / 128 (ptxas spills 2-10 bytes at 255; under them 24-112, 0.5-24 %
     # slower, _s22c.txt). The high copy's error: the same (2.4-3.2e-7). Dual fp8 low copies, old
     # rows vs these: b128 141.4 / 93.5 vs 131.7 / 87.0, b256 275.1 / 168.7 vs 263.7 / 161.3, b32
-    # 56.3 / 31.0 vs 56.3 / 30.9 (_s22c.txt)
-    "flush_step_dual": [(2048, 16, 2, dict(_DUAL_FLUSH_X3E, NR=1, PF=0)),
+    # 56.3 / 31.0 vs 56.3 / 30.9 (_s22c.txt). Then chunks per program again, NR 1 / 2 / 4 / 8, us
+    # (_s22e.txt, _s22f.txt; batch x heads in brackets): Qwen3.5-4B b32 (1024) 28.8 / 34.0 / 41.2 /
+    # 56.4, Qwen3.5-122B b32 (2048) 54.7 / 52.3 / 59.0 / 74.1, Qwen3.5-4B b64 (2048) 55.2 / 52.5 /
+    # 59.4 / 74.9, Qwen3.5-122B b64 (4096) 97.1 / 91.9 / 84.6 / 98.1, Qwen3.5-4B b128 (4096) 94.1 /
+    # 88.5 / 81.7 / 95.0, Qwen3.5-122B b128 (8192) 170.0 / 157.9 / 145.2 / 138.9: two chunks (no
+    # hints, as timed) from 1025 to 2048
+    "flush_step_dual": [(1024, 16, 2, dict(_DUAL_FLUSH_X3E, NR=1, PF=0)),
+                        (2048, 16, 2, dict(_DUAL_FLUSH_X3E, NR=2, PF=0)),
                         (4096, 16, 2, dict(_DUAL_FLUSH_X3E, NR=4, PF_DIST=1)),
                         (None, 16, 2, dict(_DUAL_FLUSH_X3E, NR=8, PF_DIST=1))],
     # the speculative commit (plan_commit), fp32 states: the flush step's fold over up to K + T - 1

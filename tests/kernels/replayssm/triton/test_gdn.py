@@ -186,6 +186,9 @@ REPLAY_CASES = [
     # 16-bit high copy: the same product, quantised on store
     ("bf16-state-tall-split-foldmma", TALL, "replay", "bfloat16", None, torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
+    # four chunks per program (the 16-bit rows above 4096 batch x heads) with the bf16x3e fold
+    ("bf16-state-tall-split-foldmma-nr4", TALL, "replay", "bfloat16", None, torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 4, "F_FOLD_MMA": True, "F_FOLD_PREC": "bf16x3e"}),
     # dual: u recomputed against the high copy by the triangular solve, low copy refreshed
     # (long flush periods: test_flush_step_fold_mma_long_windows)
     ("dual-bf16-tall-split-foldmma", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
@@ -267,24 +270,25 @@ def _flush_nr(shape, batch, mode="replay", state_dtype="float32", cfg=None) -> i
 
 def test_flush_step_rows():
     """The SPLIT step's flush launch, keyed by batch x value heads (the flushing heads per step):
-    one 32-row chunk per program up to 2048 for fp32 high copies (1024 for 16-bit ones), two
-    above (the f32-tall-split-foldmma case runs that fold against the reference); 32-row chunks."""
+    one 32-row chunk per program up to 2048, two above for fp32 high copies; for 16-bit ones two
+    up to 4096 and four above (the f32-tall-split-foldmma and nr4 cases run those folds against
+    the reference); 32-row chunks."""
     from replayssm.triton import gdn as TK
     q4b, q122b = QWEN["qwen3.5-4b"], QWEN["qwen3.5-122b"]
     assert [_flush_nr(q4b, b) for b in (1, 64, 65, 512)] == [1, 1, 2, 2]
     assert [_flush_nr(q122b, b) for b in (32, 33, 64)] == [1, 2, 2]
-    assert [_flush_nr(q4b, b, state_dtype="bfloat16") for b in (32, 33, 64)] == [1, 2, 2]
-    assert [_flush_nr(q122b, b, state_dtype="bfloat16") for b in (16, 17)] == [1, 2]
+    assert [_flush_nr(q4b, b, state_dtype="bfloat16") for b in (64, 65, 128, 129)] == [1, 2, 2, 4]
+    assert [_flush_nr(q122b, b, state_dtype="bfloat16") for b in (32, 33, 64, 65)] == [1, 2, 2, 4]
     assert TK.pick_config("flush_step", 256, 128, 128, 16)["BLOCK_V"] == 32
 
 
 def test_dual_flush_step_rows():
     """The dual flush step's chunks per program follow batch x value heads too: one 16-row chunk
-    up to 2048, half a head (4 chunks) up to 4096, a whole head above; a per-call F_ key still
-    wins."""
+    up to 1024, two up to 2048, half a head (4 chunks) up to 4096, a whole head above; a per-call
+    F_ key still wins."""
     q4b, q122b = QWEN["qwen3.5-4b"], QWEN["qwen3.5-122b"]
-    assert [_flush_nr(q4b, b, "dual") for b in (32, 64, 65, 128, 129, 256)] == [1, 1, 4, 4, 8, 8]
-    assert [_flush_nr(q122b, b, "dual") for b in (32, 33, 64, 65, 128)] == [1, 4, 4, 8, 8]
+    assert [_flush_nr(q4b, b, "dual") for b in (32, 33, 64, 65, 128, 129, 256)] == [1, 2, 2, 4, 4, 8, 8]
+    assert [_flush_nr(q122b, b, "dual") for b in (16, 17, 32, 33, 64, 65, 128)] == [1, 2, 2, 4, 4, 8, 8]
     assert _flush_nr(q4b, 128, "dual", cfg={"F_NR": 2}) == 2
 
 
