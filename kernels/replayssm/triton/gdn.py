@@ -1034,17 +1034,6 @@ def _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK: tl.constexpr, DK: tl.conste
 
 
 @triton.jit
-def _fold_product(W, kb, kf, PREC: tl.constexpr, INTERP: tl.constexpr):
-    """The fold's W [rows, BL] times the raw keys [BL, BK] at precision PREC: kb (their stored
-    dtype, bf16 / fp8) as the operand for "bf16x3e", else kf (fp32)."""
-    if PREC == "bf16x3e":
-        r = mm(W, kb, PREC, INTERP)
-    else:
-        r = mm(W, kf, PREC, INTERP)
-    return r
-
-
-@triton.jit
 def _fold_decays(gb_ptr, el, lm, rk):
     """A value head's decays over the folding entries (el = entry * HV + head; lm: entries
     0..n): (c [BL] the running sums of g, C_n their total, w_i = e^{C_n - c_i} / |k_i|, 0 past n)."""
@@ -1088,7 +1077,7 @@ def _gdn_flush_step_kernel(
     slots), and the fold is one matrix product per chunk, F = (U * w) Kb with U [rows, L] the
     u rows, w_i = e^{c_n - c_i} / |k_i| (0 past n) and Kb [L, dk] the raw keys (FOLD_PREC:
     since session 22 the tables' "bf16x3e" where the keys are bf16 / fp8, three bf16 terms of
-    U * w against the keys as the bf16 operand, ~2^-23 (_fold_product); else "tf32x3" ~2^-22
+    U * w against the keys as the bf16 operand, ~2^-23; else "tf32x3" ~2^-22
     for the replay step's flush, where the truncation split "tf32x2t" spilled at 32 rows x 4
     warps on sm_90 (session 5), and for the commit rows' FOLD_SPLIT mma.split_precision:
     "tf32x2t" ~2^-20 for keys exact in tf32, the fp32 side split, two passes), instead of L
@@ -1166,7 +1155,7 @@ def _gdn_flush_step_kernel(
                 ll = tl.arange(0, BLOCK_L)
                 lm = ll <= n
                 ent = slot64 * L + ll
-                kb, kf, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)
+                kb, _, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)   # mm converts kb
             if DUAL:
                 if WRITE_O:
                     qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -1204,13 +1193,10 @@ def _gdn_flush_step_kernel(
                     if DUAL and FOLD_MMA:
                         V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
                                     other=0.0).to(tl.float32)                      # [rows, BL] raw v
-                        if P_PREC == "bf16x3e":   # (the raw keys as the bf16 operand)
-                            P = mm(S, tl.trans(kb), P_PREC, INTERP)                   # S_0 k_i (raw keys)
-                        else:
-                            P = mm(S, tl.trans(kf), P_PREC, INTERP)
+                        P = mm(S, tl.trans(kb), P_PREC, INTERP)                       # S_0 k_i (raw keys)
                         R_ = bl[None, :] * (V - rc[None, :] * P)
                         U = R_ + mm(R_, X, SMALL_PREC, INTERP)                     # R (I + M)^-1
-                        S = tl.exp(Cn) * S + _fold_product(U * wl[None, :], kb, kf, FOLD_PREC, INTERP)
+                        S = tl.exp(Cn) * S + mm(U * wl[None, :], kb, FOLD_PREC, INTERP)
                         if WRITE_O:
                             o = tl.sum(S * qn[None, :], 1)
                             tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
@@ -1233,7 +1219,7 @@ def _gdn_flush_step_kernel(
                         _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                     elif FOLD_MMA:
                         U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)                    # [rows, BL] stored u
-                        S = tl.exp(Cn) * S + _fold_product(U * wl[None, :], kb, kf, FOLD_PREC, INTERP)
+                        S = tl.exp(Cn) * S + mm(U * wl[None, :], kb, FOLD_PREC, INTERP)
                     else:
                         wrun = 1.0    # w_i = prod_{i < j <= n} alpha_j, from the newest entry down
                         F = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
