@@ -46,7 +46,7 @@ import triton.language as tl  # noqa: E402
 
 from replayssm import reference as R  # noqa: E402
 from replayssm.inputs import GDNShape, gdn_step_inputs  # noqa: E402
-from replayssm.state import GDNReplayState  # noqa: E402
+from replayssm.state import GDNReplayState, dtype_of  # noqa: E402
 from replayssm.triton import gdn as TK  # noqa: E402
 from replayssm.triton.common import cast as _cast  # noqa: E402
 from replayssm.triton.gdn import _CUR_MASK, _TICKET, _ckpt_load, _ckpt_store, _fold  # noqa: E402,F401
@@ -334,7 +334,7 @@ def _table(mode: str, batch: int, **kw) -> dict:
     """The launch table's replay row for a MODE at this batch (dk = dv = 128; dual states: at
     Qwen3.5-122B's 64 value heads, DUAL_ROUTE_HEADS), with kw over it."""
     m, sd, lo, _ = MODE[mode]
-    rb = 1 if lo == "float8_e4m3" else getattr(torch, lo or sd).itemsize
+    rb = dtype_of(lo or sd).itemsize
     return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual",
                              heads=MODELS["q122b"][1]), **kw}
 
