@@ -223,8 +223,6 @@ def vname(c) -> str:
         s += " pre"
     if c.get("PDL") is False:
         s += " no-pdl"
-    if c.get("STEP_U") is False:
-        s += " no-stepu"
     s += opts
     f = {k[2:]: v for k, v in c.items() if k.startswith("F_")}
     if f:
@@ -471,13 +469,7 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
             for m in ("f32", "bf16") for b in (128, 256, 512)},
          # tune_gdn_s22a.txt: "bf16x3e" 1-4 % faster at b256; at every batch, and at depth 1 (mixed)
          **{f"foldprec2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, F_FOLD_PREC="bf16x3e", **o) for o in (
-             {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)},
-         # session 23: the flush step computing the flushing rows' u and output (STEP_U, the
-         # default) so that the output launch skips them, vs before (no-stepu); under a 168-register
-         # budget (3 programs per SM instead of 2; no spill on sm_90) and on 8 warps
-         **{f"stepu-{m}-b{b}": (m, [_table(m, b, STEP_U=False), _table(m, b), _table(m, b, F_maxnreg=168),
-                                   _table(m, b, F_num_warps=8)], b, ("q122b", "q4b"))
-            for m in ("f32", "bf16") for b in (32, 64, 128, 256, 512) if (m, b) != ("bf16", 32)}}
+             {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

@@ -688,7 +688,7 @@ def _gdn_replay_kernel(
     RD_KIND: tl.constexpr,
     RD_LPR: tl.constexpr, RD_LS: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, U_LPR: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    GDC: tl.constexpr = False, SKIP_FLUSH: tl.constexpr = False,
+    GDC: tl.constexpr = False,
 ):
     """One ReplaySSM step. A program owns HP value heads (of one key head) x NR chunks of
     BLOCK_R rows of one sequence and streams its HP * NR chunks (state rows, buffered u rows,
@@ -715,9 +715,7 @@ def _gdn_replay_kernel(
     SPLIT: the output-only route alone (no flush code, which would cost every program registers,
     hence occupancy): a plain read of the cursor, n stored to nxt[b] (-1: padded row) for
     _gdn_flush_step_kernel, launched next, which folds, writes the state and moves the cursor.
-    Dual flush steps only append here (their output comes from the high copy, in that kernel);
-    so do non-dual ones under SKIP_FLUSH (that kernel's STEP_U computes their u and output from
-    the chunk it reads anyway, so their checkpoint is not read twice).
+    Dual flush steps only append here (their output comes from the high copy, in that kernel).
     Dual states flush also where the cursor word says the low copy is stale (LO_STALE, left by
     the eager route; then n = 0): the low copy is refreshed by that flush instead of read.
     GDC (SPLIT): lets that launch, a programmatic dependent, start early (it waits for this one).
@@ -891,21 +889,12 @@ def _gdn_replay_kernel(
                 tl.store(vb_ptr + (ent * HV + h) * DV + rr, cast(v_c, vb_ptr.dtype.element_ty, INTERP), mask=rm & ok)
         else:
             # ---- output-only route (+ the non-dual fold on flush steps), chunk by chunk
-            # SKIP_FLUSH: a flushing row runs no chunk (a trip count, not a branch: the loop compiles as
-            # before; masked rows cost 6 registers, a branch 25, on sm_90). The interpreter takes no
-            # loaded value as a trip count: there every load and store is masked off instead.
-            if SKIP_FLUSH and not INTERP:
-                nj = tl.where(do_flush, 0, NJ)
-            if SKIP_FLUSH and INTERP:
-                keep = n + 1 < flush_period
-            for j in range(nj if SKIP_FLUSH and not INTERP else NJ):
+            for j in range(NJ):
                 hh = j // NR
                 h = h0 + hh
                 rs = r0 + (j % NR) * BLOCK_R
                 rr = rs + ar
                 rm = rr < DV
-                if SKIP_FLUSH and INTERP:
-                    rm = rm & keep
                 row = (slot64 * HV + h) * DV + rr
                 cn = j + PF_DIST
                 if cn < NJ:
@@ -1056,9 +1045,9 @@ def _fold_decays(gb_ptr, el, lm, rk):
 
 @triton.jit
 def _gdn_flush_step_kernel(
-    q_ptr, v_ptr, beta_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
-    sqb, sqh, svb, svh, sbb, sbh, sob, soh, scale, flush_period, batch,
+    sqb, sqh, sob, soh, scale, flush_period, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, NR: tl.constexpr, HP: tl.constexpr,
     NW: tl.constexpr, BLOCK_B: tl.constexpr, PF: tl.constexpr, PF_DIST: tl.constexpr,
@@ -1067,7 +1056,6 @@ def _gdn_flush_step_kernel(
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
     WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, GDC: tl.constexpr = False,
-    STEP_U: tl.constexpr = False,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -1105,13 +1093,6 @@ def _gdn_flush_step_kernel(
     with "tf32x3" small products (rank-1: 4.5e-7; docs/kernels.md session 8), far inside the
     fp32 state tolerance. Per-head coefficients (decays, dual: M and X) are computed once per
     head and shared by its NR chunks.
-    STEP_U (non-dual FOLD_MMA, the output launch's SKIP_FLUSH): that launch neither read the
-    flushing rows' checkpoint nor computed their u_n and output; this kernel does, from the
-    chunk S_0 it reads anyway (one read of it per step instead of two), in the closed form the
-    output launch uses: with k^_i = k_i / |k_i|,
-        u_n = beta_n (v_n - e^{c_n} S_0 k^_n - sum_{i<n} e^{c_n - c_i} (k^_i . k^_n) u_i)
-    stored at entry n and put in column n of U before the fold, and o = S_{n+1} q^ from the
-    folded chunk (v_n, beta_n, q from the step's inputs; k_n, g_n from the buffer, appended).
     COMPACT (the commit): the cursor launch has already moved the cursors and listed the
     flushing rows, nxt[r] = (b << 16) | n for ranks r < nxt[batch] (their count); a worker
     reads only its own ranks' entries, no batch-wide scan (_gdn_commit_cursor_kernel).
@@ -1174,17 +1155,11 @@ def _gdn_flush_step_kernel(
                 ll = tl.arange(0, BLOCK_L)
                 lm = ll <= n
                 ent = slot64 * L + ll
-                ent_n = slot64 * L + n
-                kb, kf, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)   # mm converts kb
-            if STEP_U:   # this step's key k^_n (entry n, normalised)
-                knn = tl.sum(tl.where((ll == n)[:, None], kf, 0.0), 0) * tl.sum(tl.where(ll == n, rk, 0.0), 0)
-            if DUAL or STEP_U:
+                kb, _, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)   # mm converts kb
+            if DUAL:
                 if WRITE_O:
                     qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
                     qn = qn * (tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale)
-                    if STEP_U:
-                        kqn = tl.sum(knn * qn, 0)
-            if DUAL:
                 if FOLD_MMA:   # k_m . k_j of the normalised keys [BL, BL] (rows / columns past n: 0)
                     KK = mm(kb, tl.trans(kb), GRAM_PREC, INTERP) * rk[:, None] * rk[None, :]
                     ups = (ll[:, None] < ll[None, :]) & lm[None, :]                      # m < j <= n
@@ -1197,8 +1172,6 @@ def _gdn_flush_step_kernel(
                 if FOLD_MMA:   # per-head coefficients, shared by the head's NR chunks
                     el = ent * HV + h
                     cl, Cn, wl = _fold_decays(gb_ptr, el, lm, rk)
-                    if STEP_U:
-                        bn = tl.load(beta_ptr + b * sbb + h * sbh).to(tl.float32)
                     if DUAL:
                         bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
                         M = tl.where(ups, bl[None, :] * tl.exp(tl.where(ups, cl[None, :] - cl[:, None], 0.0)) * KK,
@@ -1244,20 +1217,6 @@ def _gdn_flush_step_kernel(
                             o = tl.sum(S * qn[None, :], 1)
                             tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
                         _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
-                    elif FOLD_MMA and STEP_U:
-                        # entries 0..n-1 folded: alpha_n S_n (the weights run to c_n), then this step
-                        # eagerly on that tile (a dot product of the chunk as loaded would hold it in a
-                        # second layout: 254 registers instead of 168 on sm_90)
-                        U = _u_tile(ub_ptr, ent, h, rr, ll < n, HV, DV)                # [rows, BL] u_0..u_{n-1}
-                        S = tl.exp(Cn) * S + mm(U * wl[None, :], kb, FOLD_PREC, INTERP)
-                        vn = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
-                        un = bn * (vn - tl.sum(S * knn[None, :], 1))
-                        tl.store(ub_ptr + (ent_n * HV + h) * DV + rr, cast(un, ub_ptr.dtype.element_ty, INTERP),
-                                 mask=rm)
-                        if WRITE_O:     # o = S_{n+1} q^, from the tile before the rank-1 update
-                            o = tl.sum(S * qn[None, :], 1) + un * kqn
-                            tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
-                        S = S + un[:, None] * knn[None, :]
                     elif FOLD_MMA:
                         U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)                    # [rows, BL] stored u
                         S = tl.exp(Cn) * S + mm(U * wl[None, :], kb, FOLD_PREC, INTERP)
@@ -1912,14 +1871,10 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
         fc = _flush_step_row(rs, batch, "flush_step", config)
-        meta["SKIP_FLUSH"] = False
         if fc.get("TWO_PASS") and _dual_2pass_fits(rs):     # opt-in (F_TWO_PASS; see CONFIGS)
             plans.append(_plan_dual_2pass(rs, q, o, idx, nxt, batch, scale, fc, 1, write_o=True, compact=False))
         else:
-            step = _plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, fc, rows_per=1, v=v, beta=beta,
-                                    step_u=bool(cfg.get("STEP_U", True)))
-            meta["SKIP_FLUSH"] = step[3].get("STEP_U", False)
-            plans.append(step)
+            plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, fc, rows_per=1))
         pdl = pdl_meta(v.device, bool(cfg.get("PDL", PDL)))     # the flush step behind the output launch
         meta["GDC"] = pdl["GDC"]
         plans[1][3].update(pdl)
@@ -1940,15 +1895,12 @@ def _flush_step_row(rs: GDNReplayState, batch: int, op: str, config) -> dict:
 
 
 def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, scale, fc: dict, rows_per: int,
-                     write_o: bool = True, compact: bool = False, v=None, beta=None, step_u: bool = False):
+                     write_o: bool = True, compact: bool = False):
     """Plan of _gdn_flush_step_kernel over `batch` rows whose last kept entry is nxt[b] (the
     SPLIT replay step's second launch; the commit's fold with write_o False, compact: nxt
     lists the flushing rows). fc: its launch row (_flush_step_row). rows_per: the most entries
     a row gains per call (step 1, commit T), which sizes the workers per head block,
-    NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round.
-    step_u (with the step's v and beta): the kernel's STEP_U where it applies (a non-dual state
-    on the FOLD_MMA fold): the flushing rows' u_n and output computed here, so the output launch
-    skips them (its SKIP_FLUSH, which the caller sets from meta["STEP_U"])."""
+    NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round."""
     _, Hv, dv, _ = rs.hi.data.shape
     Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
     dual = rs.mode == "dual"
@@ -1958,10 +1910,7 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     ck, ck_meta = _hi_lo_args(rs)
     buf, _ = _buffer_args(rs)
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
-    v = q if v is None else v            # (unread without STEP_U)
-    beta = q if beta is None else beta
-    args = [q, v, beta, o, idx, nxt, *ck, *buf, rs.cursor, *_strides(q, v, beta, o, dims=2), scale,
-            rs.flush_period, batch]
+    args = [q, o, idx, nxt, *ck, *buf, rs.cursor, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
@@ -1972,8 +1921,7 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
                     FOLD_PREC=_fold_precision(rs, fc),
                     P_PREC=_keys_precision(rs, fc, "P_PREC") or split_precision(torch.float32, rs.k.dtype),
                     SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
-                    GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
-                    STEP_U=step_u and not dual and write_o and not compact)
+                    GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
     return _gdn_flush_step_kernel, grid, args, meta
 
 

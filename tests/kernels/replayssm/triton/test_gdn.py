@@ -181,10 +181,6 @@ REPLAY_CASES = [
     # flush step with the fold as one matrix product per chunk; one worker (batch 3 < K) visits several ranks
     ("f32-tall-split-foldmma", TALL, "replay", "float32", None, torch.float32, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True}),
-    # the output launch computing the flushing rows' u and output itself (STEP_U off; on by
-    # default: the flush step computes them from the chunk it reads)
-    ("f32-tall-split-foldmma-no-step-u", TALL, "replay", "float32", None, torch.float32, 6, 4,
-     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True, "STEP_U": False}),
     ("f32-gqa-split-foldmma-bf16", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True}),
     # 16-bit high copy: the same product, quantised on store
@@ -236,10 +232,6 @@ def test_fold_route_cases_take_that_route(case):
         assert plans[1][0] is TK._gdn_dual_2pass_kernel and plans[1][3]["WRITE_O"] and not plans[1][3]["COMPACT"]
     else:
         assert bool(plans[1][3].get("FOLD_MMA")) is cfg["F_FOLD_MMA"], name
-    # non-dual FOLD_MMA flush steps compute the flushing rows' u and output (unless STEP_U is
-    # off), and only then does the output launch skip those rows
-    step_u = mode != "dual" and cfg.get("F_FOLD_MMA", False) and cfg.get("STEP_U", True)
-    assert plans[1][3].get("STEP_U", False) is step_u and plans[0][3]["SKIP_FLUSH"] is step_u, name
 
 
 def test_verify_precision_defaults(monkeypatch):
