@@ -469,7 +469,13 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
             for m in ("f32", "bf16") for b in (128, 256, 512)},
          # tune_gdn_s22a.txt: "bf16x3e" 1-4 % faster at b256; at every batch, and at depth 1 (mixed)
          **{f"foldprec2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, F_FOLD_PREC="bf16x3e", **o) for o in (
-             {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)}}
+             {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)},
+         # session 23: the dual flush step hinting all its chunks (into L2) as soon as it has found its
+         # row, instead of one chunk ahead (into L1)
+         **{f"dualflush-pfall-b{b}": ("dual-bf16", [_table("dual-bf16", b), _table("dual-bf16", b, F_PF=1, F_PF_DIST=8),
+                                                   _table("dual-bf16", b, F_PF=1, F_PF_DIST=4),
+                                                   _table("dual-bf16", b, F_PF=2, F_PF_DIST=8)], b, ("q122b", "q4b"))
+            for b in (64, 128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

@@ -29,7 +29,9 @@ version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows 
 of flushing programs (default 16); -fc columns per fold chunk (default: whole rows); -pf a
 prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
 buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
-programmatic dependent). Eager:
+programmatic dependent); -fpf{1|2} a flushing program hints its high rows and buffered x rows
+before its chunked fold (fold_pf). default-{flags}: the shipped tables with those flags' knobs
+over them (default-fpf1). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
 
@@ -68,6 +70,8 @@ def replay_variant(name: str) -> dict:
     """OVERRIDE['replay'] of a variant name (see the module docstring)."""
     if name == "default":
         return {}
+    if name.startswith("default-"):   # the table's choice with the flags' knobs over it
+        return _replay_flags({}, name[len("default"):], name)
     if name == "v0":
         return dict(block_p=16, chunks=1, warps=4, route="fused", early=False, preload=False, ticket=False,
                     fold_rows=16, fold_cols=0, evict="", maxnreg=None, pf=0, bc=False)
@@ -78,7 +82,12 @@ def replay_variant(name: str) -> dict:
     ov = dict(block_p=int(m.group(2)), chunks=1, warps=int(m.group(3)), route=route,
               early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
               maxnreg=None, pf=0, bc=False)
-    for flag in filter(None, m.group(4).split("-")):
+    return _replay_flags(ov, m.group(4), name)
+
+
+def _replay_flags(ov: dict, flags: str, name: str) -> dict:
+    """ov with a variant name's '-flag' knobs set (see the module docstring)."""
+    for flag in filter(None, flags.split("-")):
         if flag == "nt":
             ov["ticket"] = False
         elif flag == "late":
@@ -95,6 +104,8 @@ def replay_variant(name: str) -> dict:
             ov["fold_cols"] = int(flag[2:])
         elif flag.startswith("pf"):
             ov["pf"] = int(flag[2:])
+        elif flag.startswith("fpf"):
+            ov["fold_pf"] = int(flag[3:])
         elif flag == "bc":
             ov["bc"] = True
         elif flag == "nopdl":

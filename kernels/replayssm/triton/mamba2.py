@@ -176,7 +176,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None)
+                       maxnreg=None, pf=0, bc=False, pdl=None, fold_pf=0)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -233,7 +233,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
-# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=) and OVERRIDE["eager"] = dict(block_p=,
+# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=, fold_pf=) and OVERRIDE["eager"] = dict(block_p=,
 # chunks=, warps=, evict=) replace the table entries above for every shape (only keys given).
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
@@ -348,12 +348,13 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
         raise ValueError(f"replay fold_cols {v['fold_cols']}: allowed 0 (whole rows) or a power of 2 >= 16")
     if v["route"] not in ("fused", "split", "eager"):
         raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split, eager")
-    if v["pf"] not in (0, 1, 2):
-        raise ValueError(f"replay pf {v['pf']!r}: allowed 0 (none), 1 (into L2), 2 (into L1)")
+    for knob in ("pf", "fold_pf"):
+        if v[knob] not in (0, 1, 2):
+            raise ValueError(f"replay {knob} {v[knob]!r}: allowed 0 (none), 1 (into L2), 2 (into L1)")
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
-            "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
+            "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "fold_pf": int(v["fold_pf"]), "bc": bool(v["bc"]),
             "pdl": PDL if v["pdl"] is None else bool(v["pdl"])}
 
 
@@ -595,7 +596,7 @@ def _replay_step_kernel(
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
     PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32, PRE_BC: tl.constexpr = False,
-    GDC: tl.constexpr = False,
+    GDC: tl.constexpr = False, FOLD_PF: tl.constexpr = 0, HI_LPR: tl.constexpr = 1, HI_LS: tl.constexpr = 32,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -612,6 +613,9 @@ def _replay_step_kernel(
     by _buffer_bc_kernel just before) instead of computing it from the group's buffered B tile
     in every program (as many products as the state tile's own; the flush route still loads it);
     GDC: launched as that kernel's programmatic dependent (see _buffer_bc_kernel).
+    FOLD_PF (1: into L2, 2: into L1; the chunked fold): a flushing program first hints every line
+    of its high rows and of its buffered x rows, so that the chunk loop's loads, issued one
+    chunk at a time, find them in cache instead of each waiting a DRAM round trip.
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -705,6 +709,9 @@ def _replay_step_kernel(
             # accumulator cost a chunk's registers, not the program's tile's, so the flush path
             # (1 program in K) does not lower the occupancy of the output path. Row-scaled
             # copies come with FOLD_COLS == BLOCK_N (the planner): a scale needs the whole row.
+            if FOLD_PF > 0:
+                prefetch_hint(hi_ptr, ck_base + tl.minimum(offs_p, P - 1) * s_ck_p, HI_LPR, HI_LS, FOLD_PF, EXACT)
+                prefetch_hint(bx_ptr, bx_base + offs_l * s_bx_l + pid_p * BLOCK_P, 1, 1, FOLD_PF, EXACT)
             if FOLD_COLS == BLOCK_N:    # whole rows: the buffered B tile once, for every chunk
                 if PRELOAD:
                     Bbf = Bb.to(tl.float32)
@@ -1483,6 +1490,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
                          "False")
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
     rd_lpr, rd_ls = cache_lines(rd_d, N)      # the read tile's rows, for the pf hint
+    hi_lpr, hi_ls = cache_lines(rs.hi.data, N)   # the high rows, for the fold_pf hint
     hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
     lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     zz = z if z is not None else x
@@ -1511,7 +1519,8 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **pdl, **common))
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], FOLD_PF=v["fold_pf"], HI_LPR=hi_lpr, HI_LS=hi_ls,
+        **pdl, **common))
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,
