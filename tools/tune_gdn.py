@@ -471,7 +471,7 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"foldprec2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, F_FOLD_PREC="bf16x3e", **o) for o in (
              {}, dict(F_num_stages=1))], b, ("q122b", "q4b")) for m in ("f32", "bf16") for b in (64, 128, 256, 512)},
          # session 23: the dual flush step hinting all its chunks (into L2) as soon as it has found its
-         # row, instead of one chunk ahead (into L1)
+         # row, instead of one chunk ahead (into L1): slower at every batch (tune_gdn_s23b.txt)
          **{f"dualflush-pfall-b{b}": ("dual-bf16", [_table("dual-bf16", b), _table("dual-bf16", b, F_PF=1, F_PF_DIST=8),
                                                    _table("dual-bf16", b, F_PF=1, F_PF_DIST=4),
                                                    _table("dual-bf16", b, F_PF=2, F_PF_DIST=8)], b, ("q122b", "q4b"))

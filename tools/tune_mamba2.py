@@ -29,9 +29,8 @@ version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows 
 of flushing programs (default 16); -fc columns per fold chunk (default: whole rows); -pf a
 prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
 buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
-programmatic dependent); -fpf{1|2} a flushing program hints its high rows and buffered x rows
-before its chunked fold (fold_pf). default-{flags}: the shipped tables with those flags' knobs
-over them (default-fpf1). Eager:
+programmatic dependent). default-{flags}: the shipped tables with those flags' knobs over them
+(default-fc32). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
 
@@ -104,8 +103,6 @@ def _replay_flags(ov: dict, flags: str, name: str) -> dict:
             ov["fold_cols"] = int(flag[2:])
         elif flag.startswith("pf"):
             ov["pf"] = int(flag[2:])
-        elif flag.startswith("fpf"):
-            ov["fold_pf"] = int(flag[3:])
         elif flag == "bc":
             ov["bc"] = True
         elif flag == "nopdl":

@@ -176,7 +176,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None, fold_pf=0)
+                       maxnreg=None, pf=0, bc=False, pdl=None)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -222,7 +222,14 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     (4, "small"): [dict(_LEAN, ticket=True)],
     (4, "large"): [dict(_LEAN, bc=True, min_bh=12288), _LEAN],
     (2, "small"): [dict(_LEAN, ticket=True)],
-    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32),
+    # Dual states there fold 32 columns per chunk (fold_cols; 128 registers instead of 114 on
+    # sm_90, 16 programs per SM instead of 17): half the fold's chunks, each a dependent round
+    # trip in the one flushing program in K. Super dual bf16, us, fold_cols 16 / 32
+    # (tune_mamba2_s23b.txt): b256 234.5 / 220.0, b512 451.6 / 424.6 (64 columns: 298.6 / 588.9;
+    # 32 rows x 32 columns per chunk: 237.3 / 463.8; the bf16 state, b256: 195.0 / 197.4 with a
+    # hint ahead of the fold, which did not change the dual times: _s23a).
+    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32, fold_cols=32, dual=True),
+                   dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
@@ -233,7 +240,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
-# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=, fold_pf=) and OVERRIDE["eager"] = dict(block_p=,
+# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=) and OVERRIDE["eager"] = dict(block_p=,
 # chunks=, warps=, evict=) replace the table entries above for every shape (only keys given).
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
@@ -299,13 +306,14 @@ def _bucket(batch: int, nheads: int) -> str:
     return "small" if batch * nheads < SMALL_PROGRAMS else "large"
 
 
-def _pick(candidates, P: int, work: int = 0):
-    """The first candidate whose p_mod (last field, or key "p_mod") divides P and whose min_bh
-    (key, dict candidates: least batch x heads) is at most `work`; the last one otherwise."""
+def _pick(candidates, P: int, work: int = 0, dual: bool = False):
+    """The first candidate whose p_mod (last field, or key "p_mod") divides P, whose min_bh
+    (key, dict candidates: least batch x heads) is at most `work` and which, where it has key
+    "dual", has it equal to `dual` (a dual state's step); the last one otherwise."""
     for c in candidates[:-1]:
         mod = c.get("p_mod", 1) if isinstance(c, dict) else (c[3] if len(c) > 3 else 1)
         least = c.get("min_bh", 0) if isinstance(c, dict) else 0
-        if P % mod == 0 and work >= least:
+        if P % mod == 0 and work >= least and (not isinstance(c, dict) or c.get("dual", dual) == dual):
             return c
     return candidates[-1]
 
@@ -340,7 +348,7 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     rb = min(hi_bytes, 4) if dual else key[0]     # the copy the route reads and writes
     if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH.get(rb, 0) and (rb, "route") in REPLAY_CONFIGS:
         key = (rb, "route")
-    v.update(_pick(REPLAY_CONFIGS[key], P, batch * nheads))
+    v.update(_pick(REPLAY_CONFIGS[key], P, batch * nheads, dual))
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])
     rows = min(_np2(v["block_p"] * chunks), _np2(P))
@@ -348,13 +356,12 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
         raise ValueError(f"replay fold_cols {v['fold_cols']}: allowed 0 (whole rows) or a power of 2 >= 16")
     if v["route"] not in ("fused", "split", "eager"):
         raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split, eager")
-    for knob in ("pf", "fold_pf"):
-        if v[knob] not in (0, 1, 2):
-            raise ValueError(f"replay {knob} {v[knob]!r}: allowed 0 (none), 1 (into L2), 2 (into L1)")
+    if v["pf"] not in (0, 1, 2):
+        raise ValueError(f"replay pf {v['pf']!r}: allowed 0 (none), 1 (into L2), 2 (into L1)")
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
-            "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "fold_pf": int(v["fold_pf"]), "bc": bool(v["bc"]),
+            "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
             "pdl": PDL if v["pdl"] is None else bool(v["pdl"])}
 
 
@@ -596,7 +603,7 @@ def _replay_step_kernel(
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
     PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32, PRE_BC: tl.constexpr = False,
-    GDC: tl.constexpr = False, FOLD_PF: tl.constexpr = 0, HI_LPR: tl.constexpr = 1, HI_LS: tl.constexpr = 32,
+    GDC: tl.constexpr = False,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -613,9 +620,6 @@ def _replay_step_kernel(
     by _buffer_bc_kernel just before) instead of computing it from the group's buffered B tile
     in every program (as many products as the state tile's own; the flush route still loads it);
     GDC: launched as that kernel's programmatic dependent (see _buffer_bc_kernel).
-    FOLD_PF (1: into L2, 2: into L1; the chunked fold): a flushing program first hints every line
-    of its high rows and of its buffered x rows, so that the chunk loop's loads, issued one
-    chunk at a time, find them in cache instead of each waiting a DRAM round trip.
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -709,9 +713,6 @@ def _replay_step_kernel(
             # accumulator cost a chunk's registers, not the program's tile's, so the flush path
             # (1 program in K) does not lower the occupancy of the output path. Row-scaled
             # copies come with FOLD_COLS == BLOCK_N (the planner): a scale needs the whole row.
-            if FOLD_PF > 0:
-                prefetch_hint(hi_ptr, ck_base + tl.minimum(offs_p, P - 1) * s_ck_p, HI_LPR, HI_LS, FOLD_PF, EXACT)
-                prefetch_hint(bx_ptr, bx_base + offs_l * s_bx_l + pid_p * BLOCK_P, 1, 1, FOLD_PF, EXACT)
             if FOLD_COLS == BLOCK_N:    # whole rows: the buffered B tile once, for every chunk
                 if PRELOAD:
                     Bbf = Bb.to(tl.float32)
@@ -1490,7 +1491,6 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
                          "False")
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
     rd_lpr, rd_ls = cache_lines(rd_d, N)      # the read tile's rows, for the pf hint
-    hi_lpr, hi_ls = cache_lines(rs.hi.data, N)   # the high rows, for the fold_pf hint
     hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
     lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     zz = z if z is not None else x
@@ -1519,8 +1519,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], FOLD_PF=v["fold_pf"], HI_LPR=hi_lpr, HI_LS=hi_ls,
-        **pdl, **common))
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **pdl, **common))
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,

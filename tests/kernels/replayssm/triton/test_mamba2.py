@@ -313,19 +313,20 @@ def test_replay_variants(device, variant, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("route,block_p,fold_cols,mode,lo,late", [
-    ("fused", 32, 0, "replay", None, False), ("split", 32, 0, "replay", None, False),
-    ("fused", 32, 16, "replay", None, False), ("fused", 16, 16, "replay", None, True),
-    ("fused", 16, 16, "dual", "bfloat16", True), ("fused", 16, 16, "dual", "float8_e4m3", False)])
-def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, monkeypatch):
+@pytest.mark.parametrize("route,block_p,fold_cols,mode,lo,late,N", [
+    ("fused", 32, 0, "replay", None, False, 32), ("split", 32, 0, "replay", None, False, 32),
+    ("fused", 32, 16, "replay", None, False, 32), ("fused", 16, 16, "replay", None, True, 32),
+    ("fused", 16, 16, "dual", "bfloat16", True, 32), ("fused", 16, 16, "dual", "float8_e4m3", False, 32),
+    ("fused", 32, 32, "dual", "bfloat16", True, 64)])    # the Super-like dual rows: 32 x 32 chunks
+def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, N, monkeypatch):
     """Flushes that fold in [16 rows, fold_cols] chunks (tl.dot, bf16x3), re-reading the high
-    rows per chunk: 32-row programs in 16-row chunks (both routes), and 16-column chunks of a
-    32-column state (fold_cols), which row-scaled fp8 copies ignore (whole rows). `late`: the
-    large-batch table entry's load order (every load after the cursor) and cursor pass."""
+    rows per chunk: 32-row programs in 16-row chunks (both routes), and 16- or 32-column chunks
+    of a 32- or 64-column state (fold_cols), which row-scaled fp8 copies ignore (whole rows).
+    `late`: the large-batch table entry's load order (every load after the cursor) and cursor pass."""
     from replayssm.triton import mamba2 as tk
     monkeypatch.setitem(tk.OVERRIDE, "replay", dict(block_p=block_p, chunks=1, fold_rows=16, fold_cols=fold_cols,
                                                     route=route, early=not late, preload=not late, ticket=not late))
-    shape = I.Mamba2Shape(nheads=2, head_dim=32, d_state=32, n_groups=1)
+    shape = I.Mamba2Shape(nheads=2, head_dim=32, d_state=N, n_groups=1)
     g = gen(46)
     rs, rr = make_pair(shape, 3, 5, 4, mode, "float32", lo, torch.bfloat16, g)
     v = tk.replay_variant(32, 4, 2, 2)
@@ -353,6 +354,10 @@ def test_replay_prepass_rows(monkeypatch):
         assert (v["bc"], v["block_p"]) == (bc, rows), (P, rb, dual, batch, v)
         if rb > 1:      # the lean rows (fp8 rows without the pre-pass are session 7's, early)
             assert v["early"] == v["preload"] == (rb == 2 and bc and rows == 16), (P, rb, dual, batch, v)
+    # 32-row programs of dual states fold 32 columns per chunk, the others 16
+    assert [tk.replay_variant(P, 2, b, H, dual)["fold_cols"] for (P, H), dual, b in (
+        (super_, True, 256), (super_, True, 512), (super_, False, 256), (super_, True, 128), (nano, True, 256))] \
+        == [32, 32, 16, 16, 16]
     monkeypatch.setitem(tk.OVERRIDE, "replay", {"bc": False})
     assert not tk.replay_variant(64, 4, 256, 128)["bc"]
 
