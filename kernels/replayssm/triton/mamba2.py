@@ -222,13 +222,15 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     (4, "small"): [dict(_LEAN, ticket=True)],
     (4, "large"): [dict(_LEAN, bc=True, min_bh=12288), _LEAN],
     (2, "small"): [dict(_LEAN, ticket=True)],
-    # Dual states there fold 32 columns per chunk (fold_cols; 128 registers instead of 114 on
+    # Dual states fold 32 columns per chunk there (fold_cols; 128 registers instead of 114 on
     # sm_90, 16 programs per SM instead of 17): half the fold's chunks, each a dependent round
-    # trip in the one flushing program in K. Super dual bf16, us, fold_cols 16 / 32
-    # (tune_mamba2_s23b.txt): b256 234.5 / 220.0, b512 451.6 / 424.6 (64 columns: 298.6 / 588.9;
-    # 32 rows x 32 columns per chunk: 237.3 / 463.8; the bf16 state, b256: 195.0 / 197.4 with a
-    # hint ahead of the fold, which did not change the dual times: _s23a).
-    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32, fold_cols=32, dual=True),
+    # trip in the one flushing program in K, and in 32-row programs from batch x heads 16384.
+    # Super dual bf16, us, fold_cols 16 / 32 (tune_mamba2_s23b.txt): b256 234.5 / 220.0, b512
+    # 451.6 / 424.6 (64 columns: 298.6 / 588.9; 32 rows x 32 columns per chunk: 237.3 / 463.8);
+    # again on another H200 (_s23c): b256 235.9 / 221.0, b512 454.4 / 426.5, and b128 (then 16-row
+    # programs, 122.4) 127.4 / 118.6. The bf16 state, b256: 195.0 / 197.4 (with a hint ahead of
+    # the fold, which did not change the dual times: _s23a); Nano's 16-row programs lost with it.
+    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True),
                    dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)

@@ -338,7 +338,8 @@ def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, N
 def test_replay_prepass_rows(monkeypatch):
     """Where the table runs the B_i . C pre-pass (bc) and with which tile, by batch x heads
     (min_bh) and head dim (p_mod): fp32 reads from 12288, 16-bit from 6144 (32-row programs
-    from 32768 when 32 divides the head dim), dual fp8 from 24576 in 32-row programs; a
+    from 32768 when 32 divides the head dim, dual states' from 16384, folding 32 columns per
+    chunk), dual fp8 from 24576 in 32-row programs; a
     tuning override wins. Of the fp32 and 16-bit (lean) rows, 16-bit reads in 16-row programs
     with the pre-pass load their state tile first (early), the others after the cursor."""
     from replayssm.triton import mamba2 as tk
@@ -354,10 +355,11 @@ def test_replay_prepass_rows(monkeypatch):
         assert (v["bc"], v["block_p"]) == (bc, rows), (P, rb, dual, batch, v)
         if rb > 1:      # the lean rows (fp8 rows without the pre-pass are session 7's, early)
             assert v["early"] == v["preload"] == (rb == 2 and bc and rows == 16), (P, rb, dual, batch, v)
-    # 32-row programs of dual states fold 32 columns per chunk, the others 16
-    assert [tk.replay_variant(P, 2, b, H, dual)["fold_cols"] for (P, H), dual, b in (
-        (super_, True, 256), (super_, True, 512), (super_, False, 256), (super_, True, 128), (nano, True, 256))] \
-        == [32, 32, 16, 16, 16]
+    # dual states' 32-row programs (from batch x heads 16384) fold 32 columns per chunk, the others 16
+    assert [(tk.replay_variant(P, 2, b, H, dual)["block_p"], tk.replay_variant(P, 2, b, H, dual)["fold_cols"])
+            for (P, H), dual, b in ((super_, True, 256), (super_, True, 512), (super_, False, 256),
+                                    (super_, True, 128), (super_, False, 128), (super_, True, 64), (nano, True, 256))] \
+        == [(32, 32), (32, 32), (32, 16), (32, 32), (16, 16), (16, 16), (16, 16)]
     monkeypatch.setitem(tk.OVERRIDE, "replay", {"bc": False})
     assert not tk.replay_variant(64, 4, 256, 128)["bc"]
 
