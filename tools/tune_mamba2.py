@@ -103,8 +103,6 @@ def _replay_flags(ov: dict, flags: str, name: str) -> dict:
             ov["fold_cols"] = int(flag[2:])
         elif flag.startswith("pf"):
             ov["pf"] = int(flag[2:])
-        elif flag.startswith("fs"):
-            ov["fold_stages"] = int(flag[2:])
         elif flag == "bc":
             ov["bc"] = True
         elif flag == "nopdl":
