@@ -8,8 +8,9 @@ runner layers, 1 GiB of state, cursors staggered, CUDA graph of K steps): the fu
 tables choose it, the split route (an output-only step launch for every sequence, then
 _replay_flush_kernel), and the split route's output-only launch alone. The last is not a
 correct step (nothing is ever folded: the cursors still move and reset at K, the buffer is
-overwritten); it times the output path, so fused minus it is what the flushes cost. Session 23, Super dual bf16: fused 235.8 us, output path
-152.9 us, i.e. 83 us for the flushes of 1/16 of the sequences (results/device-logs-20261202-s23/)."""
+overwritten); it times the output path, so fused minus it is what the flushes cost. Session 23,
+Super dual bf16, before that session's 32-column fold chunks: fused 235.8 us, output path 152.9
+us, i.e. 83 us for the flushes of 1/16 of the sequences (results/device-logs-20261202-s23/)."""
 import math
 import os
 import sys
