@@ -74,6 +74,7 @@ _BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF":
 # in a model's commit phase (layer after layer) the next cursor launch starts early the same way.
 # Config key PDL per call.
 PDL = True
+_FLUSH_STEP = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e"}   # flush_step(:2) rows
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 # the dual flush step since session 22: its products against the raw keys as three bf16 terms
 # ("bf16x3e", where the keys are bf16 / fp8) and no software pipelining of the chunk loop
@@ -160,14 +161,9 @@ CONFIGS: dict[str, list[tuple]] = {
     # b256 (8192 / 16384) Qwen3.5-4B 124.7 / 119.8 / 118.3, Qwen3.5-122B 223.8 / 213.0 / 209.8, b512
     # 235.9 / 225.6 / 222.0, 441.3 / 417.9 / 411.1: one chunk to 2048, two to 4096, four above. fp32
     # NR 2 vs 4 within 1 % either way (b256 361.2 / 189.4 vs 361.9 / 187.9): two chunks stay
-    "flush_step": [(2048, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e"}),
-                   (None, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e"})],
-    "flush_step:2": [(2048, 32, 4, {"NR": 1, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
-                                    "FOLD_PREC": "bf16x3e"}),
-                     (4096, 32, 4, {"NR": 2, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
-                                    "FOLD_PREC": "bf16x3e"}),
-                     (None, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True,
-                                    "FOLD_PREC": "bf16x3e"})],
+    "flush_step": [(2048, 32, 4, dict(_FLUSH_STEP, NR=1)), (None, 32, 4, dict(_FLUSH_STEP, NR=2))],
+    "flush_step:2": [(2048, 32, 4, dict(_FLUSH_STEP, NR=1)), (4096, 32, 4, dict(_FLUSH_STEP, NR=2)),
+                     (None, 32, 4, dict(_FLUSH_STEP, NR=4))],
     # dual states (u recomputed by the triangular solve): 16 rows x 2 warps, a whole head (NR 8:
     # one inverse per head) per program, the small products in Triton's "tf32x3". Qwen3.5-122B
     # b256, dual bf16: 290 us (NR 8) vs 329 (NR 1) and 406 rank-1; dual fp8 278 vs 404 us
@@ -1919,7 +1915,7 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     if _fold_mma_fits(rs, fc, fm["BLOCK_R"]):
         meta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
                     FOLD_PREC=_fold_precision(rs, fc),
-                    P_PREC=_keys_precision(rs, fc, "P_PREC") or split_precision(torch.float32, rs.k.dtype),
+                    P_PREC=_keys_precision(rs, fc, "P_PREC"),
                     SMALL_PREC=fc.get("SMALL_PREC") or split_precision(torch.float32, torch.float32),
                     GRAM_PREC=fc.get("GRAM_PREC") or mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"))
     return _gdn_flush_step_kernel, grid, args, meta
@@ -1933,20 +1929,22 @@ def _fold_mma_fits(rs: GDNReplayState, fc: dict, block_r: int) -> bool:
             and min(block_r, fc["BLOCK_K"]) >= 16 and rs.capacity <= 64)
 
 
-def _keys_precision(rs: GDNReplayState, fc: dict, key: str) -> str | None:
-    """The row's precision `key` for a product against the raw keys, where its premise holds for
-    the buffer's key dtype (mma.exact_b_holds: "bf16x3e" needs bf16 or fp8 keys), else None."""
+def _keys_precision(rs: GDNReplayState, fc: dict, key: str, fallback: str | None = None) -> str:
+    """The precision of a product of an fp32 side with the raw keys: the row's `key` where its
+    premise holds for the buffer's key dtype (mma.exact_b_holds: "bf16x3e" needs bf16 or fp8
+    keys), else `fallback`, by default the truncation split (mma.split_precision)."""
     prec = fc.get(key)
-    return prec if prec and exact_b_holds(prec, rs.k.dtype) else None
+    if prec and exact_b_holds(prec, rs.k.dtype):
+        return prec
+    return fallback or split_precision(torch.float32, rs.k.dtype)
 
 
 def _fold_precision(rs: GDNReplayState, fc: dict) -> str:
     """The matrix-product fold's precision (fp32 u x the raw keys): the row's FOLD_PREC where
     the keys allow it (_keys_precision), else the truncation split where it says FOLD_SPLIT,
     else mma_precision's ("tf32x3" for fp32 keys)."""
-    return _keys_precision(rs, fc, "FOLD_PREC") or (
-        split_precision(torch.float32, rs.k.dtype) if fc.get("FOLD_SPLIT")
-        else mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
+    return _keys_precision(rs, fc, "FOLD_PREC",
+                           None if fc.get("FOLD_SPLIT") else mma_precision(torch.float32, rs.k.dtype, "tf32x3"))
 
 
 def takes_eager_route(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
@@ -2201,10 +2199,10 @@ def _plan_dual_2pass(rs: GDNReplayState, q, o, idx, lst, batch: int, scale, fc: 
     meta = dict(HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, BLOCK_V=bv, BLOCK_K=ck,
                 BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_B=bb, NW=nw, NT=triton.cdiv(bb, nw),
                 COMPACT=compact, WRITE_O=write_o,
-                P_PREC=_keys_precision(rs, fc, "P_PREC") or split_precision(torch.float32, rs.k.dtype),
+                P_PREC=_keys_precision(rs, fc, "P_PREC"),
                 GRAM_PREC=mma_precision(rs.k.dtype, rs.k.dtype, "tf32x3t"),
                 SMALL_PREC=split_precision(torch.float32, torch.float32),
-                FOLD_PREC=_keys_precision(rs, fc, "FOLD_PREC") or split_precision(torch.float32, rs.k.dtype),
+                FOLD_PREC=_keys_precision(rs, fc, "FOLD_PREC"),
                 INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
     _launch_options(meta, fc)
     return _gdn_dual_2pass_kernel, grid, args, meta
