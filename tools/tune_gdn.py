@@ -212,7 +212,8 @@ def rcfg(br, nw, nr=1, hp=1, pf=0, dist=1, split=False, prefetch=False, **extra)
 def vname(c) -> str:
     if c.get("OLD"):
         return f"old BV{c['BLOCK_V']} w{c['num_warps']}"
-    opts = "".join(f" {k}{c[k]}" for k in ("maxnreg", "num_stages") if c.get(k))
+    opts = "".join(f" {k}{c[k]}" for k in ("maxnreg", "num_stages", "LOOP_STAGES") if c.get(k))
+    opts += " tma" if c.get("TMA") else ""
     if c.get("EAGER_ROUTE"):
         return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}{opts}"
     if "NR" not in c:
@@ -475,7 +476,25 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"dualflush-pfall-b{b}": ("dual-bf16", [_table("dual-bf16", b), _table("dual-bf16", b, F_PF=1, F_PF_DIST=8),
                                                    _table("dual-bf16", b, F_PF=1, F_PF_DIST=4),
                                                    _table("dual-bf16", b, F_PF=2, F_PF_DIST=8)], b, ("q122b", "q4b"))
-            for b in (64, 128, 256, 512)}}
+            for b in (64, 128, 256, 512)},
+         # session 24: the output launch's chunk loop software-pipelined (LOOP_STAGES: Triton's
+         # pipeliner on a loop without a dot, cp.async into shared memory) and, fp32 read copies, its
+         # state chunks through a TMA descriptor. Until now each chunk's loads issued only after the
+         # chunk before was reduced (prefetch hints one ahead aside): Nsight Compute had the launch at
+         # 78 % of DRAM peak with L2 at 95 % (hints fetched twice). sm_90 registers / shared memory at
+         # Qwen3.5-122B b256 fp32 (offline): table 96; stages 2 / 3 128 (108 / 136 without hints), 19 /
+         # 37 KiB; TMA 80 (72 without hints), TMA + stages 2-4 103-104, 19-56 KiB. Dual bf16: 168; stages
+         # 2 194 (217 without hints), 41 KiB
+         **{f"outpipe-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
+             (dict(LOOP_STAGES=2, PF=0), dict(LOOP_STAGES=3, PF=0), dict(LOOP_STAGES=2), dict(TMA=True, PF=0),
+              dict(TMA=True), dict(TMA=True, LOOP_STAGES=2, PF=0), dict(TMA=True, LOOP_STAGES=3, PF=0),
+              dict(TMA=True, LOOP_STAGES=4, PF=0), dict(TMA=True, LOOP_STAGES=3, PF=0, HP=4),
+              dict(TMA=True, LOOP_STAGES=3, PF=0, BLOCK_V=64, NR=2, num_warps=8))
+             if m == "f32" else
+             (dict(LOOP_STAGES=2), dict(LOOP_STAGES=2, PF=0), dict(LOOP_STAGES=3, PF=0),
+              dict(BLOCK_V=64, NR=2, LOOP_STAGES=3, PF=0), dict(BLOCK_V=32, NR=4, LOOP_STAGES=3, PF=0)))],
+                                 b, ("q122b", "q4b"))
+            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

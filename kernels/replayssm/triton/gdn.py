@@ -675,7 +675,7 @@ def _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3
 def _gdn_replay_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr,
     hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, nxt_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, nxt_ptr, rd_desc,
     sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
     scale, flush_period, nprog,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
@@ -684,7 +684,7 @@ def _gdn_replay_kernel(
     RD_KIND: tl.constexpr,
     RD_LPR: tl.constexpr, RD_LS: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, U_LPR: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    GDC: tl.constexpr = False,
+    GDC: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None, TMA: tl.constexpr = False,
 ):
     """One ReplaySSM step. A program owns HP value heads (of one key head) x NR chunks of
     BLOCK_R rows of one sequence and streams its HP * NR chunks (state rows, buffered u rows,
@@ -885,7 +885,7 @@ def _gdn_replay_kernel(
                 tl.store(vb_ptr + (ent * HV + h) * DV + rr, cast(v_c, vb_ptr.dtype.element_ty, INTERP), mask=rm & ok)
         else:
             # ---- output-only route (+ the non-dual fold on flush steps), chunk by chunk
-            for j in range(NJ):
+            for j in tl.range(0, NJ, num_stages=LOOP_STAGES):
                 hh = j // NR
                 h = h0 + hh
                 rs = r0 + (j % NR) * BLOCK_R
@@ -912,8 +912,13 @@ def _gdn_replay_kernel(
                 U_c = tl.load(ub_ptr + ((e * HV + h) * DV)[None, :] + (rr if INTERP else _opaque(rr, INTERP))[:, None],
                               mask=um[None, :] & rm[:, None], other=0.0).to(tl.float32)     # [BR, BL]
                 v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
-                skc, sqc = _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
-                                    DK, PK, RD_KIND, INTERP)
+                if TMA:     # fp32 read copy through a TMA descriptor over [rows, DK], block [BLOCK_R, DK]
+                    Sf = rd_desc.load([((slot64 * HV + h) * DV + rs).to(tl.int32), 0])
+                    skc = tl.sum(Sf * kn[None, :], 1)
+                    sqc = tl.sum(Sf * qn[None, :], 1)
+                else:
+                    skc, sqc = _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
+                                        DK, PK, RD_KIND, INTERP)
                 if RD_FP8:
                     skc = skc * sc_c
                     sqc = sqc * sc_c
@@ -1818,7 +1823,8 @@ def replay_meta(cfg: dict, L: int, dv: int, group: int, K: int | None = None) ->
         hp *= 2
     return dict(BLOCK_R=br, NR=nr, HP=hp, BLOCK_L=triton.next_power_of_2(min(K or L, L)),
                 PREFETCH=bool(cfg.get("PREFETCH", False)),
-                PF=int(cfg.get("PF", 0)), PF_DIST=max(1, int(cfg.get("PF_DIST", 1))))
+                PF=int(cfg.get("PF", 0)), PF_DIST=max(1, int(cfg.get("PF_DIST", 1))),
+                LOOP_STAGES=cfg.get("LOOP_STAGES"))
 
 
 def _nxt(rs: GDNReplayState, batch: int, device) -> torch.Tensor:
@@ -1852,9 +1858,12 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     buf, dual = _buffer_args(rs)
     idx = _rows_index(state_indices, batch, v.device)
     nxt = _nxt(rs, batch, v.device) if split else rs.cursor
-    args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt,
-            *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     rd = rs.read_ckpt.data
+    # TMA (opt-in; fp32 read copies): the output route's state chunks through a descriptor
+    descs = tma_rows(rd, dk, [(rm["BLOCK_R"], cfg["BLOCK_K"])], "TMA", True) \
+        if cfg.get("TMA") and rd.dtype == torch.float32 else None
+    args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt, descs[0] if descs else rd,
+            *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     kind = {torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3}.get(rd.dtype, 0)
     pk = 4 // rd.element_size() if kind and cfg.get("PACK", True) else 1
     if dk % pk:
@@ -1863,7 +1872,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     u_lpr = triton.next_power_of_2(triton.cdiv(rm["BLOCK_R"] * rs.u.element_size(), 128))
     meta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, SPLIT=split, PK=pk, RD_KIND=kind, RD_LPR=rd_lpr,
-                RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, **rm, **ck_meta)
+                RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, TMA=descs is not None, **rm, **ck_meta)
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
         fc = _flush_step_row(rs, batch, "flush_step", config)

@@ -168,6 +168,13 @@ REPLAY_CASES = [
     ("f32-chunks", TINY, "replay", "float32", None, torch.float32, 6, 4, {"BLOCK_V": 4, "NR": 2, "HP": 2}),
     ("f32-gqa-split", GQA, "replay", "float32", None, torch.float32, 4, 3,
      {"BLOCK_V": 4, "NR": 2, "HP": 2, "SPLIT": True}),
+    # the output route's chunk loop software-pipelined (cp.async), and its fp32 chunks through TMA
+    ("f32-gqa-split-pipelined", GQA, "replay", "float32", None, torch.float32, 4, 3,
+     {"BLOCK_V": 4, "NR": 2, "HP": 2, "SPLIT": True, "LOOP_STAGES": 3, "PF": 0}),
+    ("f32-tall-split-tma", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
+     {"BLOCK_V": 8, "NR": 2, "SPLIT": True, "TMA": True, "LOOP_STAGES": 3, "PF": 0}),
+    ("dual-bf16-split-pipelined", TINY, "dual", "float32", "bfloat16", torch.float32, 4, 3,
+     {"BLOCK_V": 4, "NR": 2, "SPLIT": True, "LOOP_STAGES": 2, "F_NR": 2, "F_BLOCK_V": 2}),
     ("bf16-state-split", TINY, "replay", "bfloat16", None, torch.bfloat16, 4, 3,
      {"BLOCK_V": 4, "SPLIT": True, "PREFETCH": True, "F_BLOCK_V": 8, "F_HP": 2}),
     ("dual-bf16-split", TINY, "dual", "float32", "bfloat16", torch.float32, 4, 3,
