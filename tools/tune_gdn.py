@@ -494,7 +494,21 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              (dict(LOOP_STAGES=2), dict(LOOP_STAGES=2, PF=0), dict(LOOP_STAGES=3, PF=0),
               dict(BLOCK_V=64, NR=2, LOOP_STAGES=3, PF=0), dict(BLOCK_V=32, NR=4, LOOP_STAGES=3, PF=0)))],
                                  b, ("q122b", "q4b"))
-            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)}}
+            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)},
+         # tune_gdn_s24a.txt: software pipelining lost everywhere (fp32 b256 Qwen3.5-122B 480-545 us vs
+         # 361.7); TMA chunks without it and without hints won (339.8; Qwen3.5-4B 181.9 vs 189.5, b512
+         # 687.7 / 343.0 vs 710.8 / 363.5). Around it, and TMA for the 16/8-bit copies' int32 words.
+         # sm_90 registers / shared memory (offline, b256): fp32 TMA 72 at HP 1-4, 2 warps 128, 64 rows
+         # 128, 16 rows x 8 chunks on 2 warps 106; dual bf16 TMA 168 (128 rows), 128 (64 x 2), 80 (32 x 4,
+         # HP 2); bf16 state 128; dual fp8 128
+         **{f"outtma-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, TMA=True, PF=0, **o) for o in (
+             ({}, dict(HP=1), dict(HP=4), dict(maxnreg=64), dict(BLOCK_V=16, NR=8, num_warps=2),
+              dict(BLOCK_V=64, NR=2), dict(PF=1))
+             if m == "f32" else
+             ({}, dict(PF=2), dict(BLOCK_V=64, NR=2), dict(BLOCK_V=32, NR=4, HP=2), dict(BLOCK_V=32, NR=4, HP=4),
+              dict(BLOCK_V=16, NR=8, HP=2, num_warps=2)))],
+                                b, ("q122b", "q4b"))
+            for m in ("f32", "bf16", "dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

@@ -620,8 +620,8 @@ def _hint_chunk(ptr, slot64, h0, r0, c, ar, HV: tl.constexpr, DV: tl.constexpr, 
 
 
 @triton.jit
-def _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
-             DK: tl.constexpr, PK: tl.constexpr, RD_KIND: tl.constexpr, INTERP: tl.constexpr):
+def _rd_dots(rd_ptr, rd_desc, row, row0, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
+             DK: tl.constexpr, PK: tl.constexpr, RD_KIND: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
     """(S k, S q) [R] of the state rows `row` [R] (row indices into [*, DK]) of the read copy.
 
     PK > 1 (16- and 8-bit copies): read as int32 words of PK elements and unpacked to fp32 with
@@ -630,12 +630,19 @@ def _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3
     fp32 tile (16-byte vectors, the row sums within a warp); loaded in their own dtype and
     widened, Triton would move the whole chunk through shared memory into another layout
     (it hoists the layout conversion above the widening). RD_KIND: 0 fp32/fp64, 1 bf16, 2 fp16, 3 fp8.
+    TMA: the rows come through rd_desc, a TMA descriptor over the copy as [rows, DK] (fp32) or
+    [rows, DK / PK] int32 words, block [R, that width], from row row0 (int32; rows past the head
+    are read from the next one and never stored): one copy instruction per chunk and no address
+    registers (session 24). Under the interpreter fp16 / fp8 words keep their strided loads.
     """
     DW: tl.constexpr = DK // PK
     m2 = rm[:, None] & (cp < DW)[None, :]
     if PK == 1:
-        Sf = tl.load(rd_ptr + row[:, None] * DK + cp[None, :], mask=m2, other=0.0,
-                     eviction_policy="evict_first").to(tl.float32)
+        if TMA:
+            Sf = rd_desc.load([row0, 0]).to(tl.float32)
+        else:
+            Sf = tl.load(rd_ptr + row[:, None] * DK + cp[None, :], mask=m2, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)
         Pk = Sf * kn_0[None, :]
         Pq = Sf * qn_0[None, :]
     else:
@@ -647,8 +654,11 @@ def _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3
                 S2 = tl.load(base + 2, mask=m2, other=0.0).to(tl.float32)
                 S3 = tl.load(base + 3, mask=m2, other=0.0).to(tl.float32)
         else:
-            W = tl.load(rd_ptr.to(tl.pointer_type(tl.int32)) + row[:, None] * DW + cp[None, :], mask=m2, other=0,
-                        eviction_policy="evict_first")
+            if TMA:
+                W = rd_desc.load([row0, 0])
+            else:
+                W = tl.load(rd_ptr.to(tl.pointer_type(tl.int32)) + row[:, None] * DW + cp[None, :], mask=m2, other=0,
+                            eviction_policy="evict_first")
             if RD_KIND == 1:
                 S0 = (W << 16).to(tl.float32, bitcast=True)
                 S1 = (W & -65536).to(tl.float32, bitcast=True)
@@ -912,13 +922,8 @@ def _gdn_replay_kernel(
                 U_c = tl.load(ub_ptr + ((e * HV + h) * DV)[None, :] + (rr if INTERP else _opaque(rr, INTERP))[:, None],
                               mask=um[None, :] & rm[:, None], other=0.0).to(tl.float32)     # [BR, BL]
                 v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
-                if TMA:     # fp32 read copy through a TMA descriptor over [rows, DK], block [BLOCK_R, DK]
-                    Sf = rd_desc.load([((slot64 * HV + h) * DV + rs).to(tl.int32), 0])
-                    skc = tl.sum(Sf * kn[None, :], 1)
-                    sqc = tl.sum(Sf * qn[None, :], 1)
-                else:
-                    skc, sqc = _rd_dots(rd_ptr, row, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
-                                        DK, PK, RD_KIND, INTERP)
+                skc, sqc = _rd_dots(rd_ptr, rd_desc, row, ((slot64 * HV + h) * DV + rs).to(tl.int32), rm, cp,
+                                    kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3, DK, PK, RD_KIND, TMA, INTERP)
                 if RD_FP8:
                     skc = skc * sc_c
                     sqc = sqc * sc_c
@@ -1859,15 +1864,18 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     idx = _rows_index(state_indices, batch, v.device)
     nxt = _nxt(rs, batch, v.device) if split else rs.cursor
     rd = rs.read_ckpt.data
-    # TMA (opt-in; fp32 read copies): the output route's state chunks through a descriptor
-    descs = tma_rows(rd, dk, [(rm["BLOCK_R"], cfg["BLOCK_K"])], "TMA", True) \
-        if cfg.get("TMA") and rd.dtype == torch.float32 else None
-    args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt, descs[0] if descs else rd,
-            *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     kind = {torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3}.get(rd.dtype, 0)
     pk = 4 // rd.element_size() if kind and cfg.get("PACK", True) else 1
     if dk % pk:
         pk = 1
+    # TMA (opt-in): the output route's state chunks through a descriptor, over the fp32 copy or
+    # the 16/8-bit copy's int32 words (as _rd_dots reads them)
+    descs = None
+    if cfg.get("TMA") and (pk > 1 or rd.dtype == torch.float32):
+        words = rd.view(torch.int32) if pk > 1 else rd
+        descs = tma_rows(words, dk // pk, [(rm["BLOCK_R"], cfg["BLOCK_K"] // pk)], "TMA", True)
+    args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt, descs[0] if descs else rd,
+            *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     (rd_lpr, rd_ls), (hi_lpr, hi_ls) = cache_lines(rd, dk), cache_lines(rs.hi.data, dk)
     u_lpr = triton.next_power_of_2(triton.cdiv(rm["BLOCK_R"] * rs.u.element_size(), 128))
     meta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"],
