@@ -501,7 +501,7 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # sm_90 registers / shared memory (offline, b256): fp32 TMA 72 at HP 1-4, 2 warps 128, 64 rows
          # 128, 16 rows x 8 chunks on 2 warps 106; dual bf16 TMA 168 (128 rows), 128 (64 x 2), 80 (32 x 4,
          # HP 2); bf16 state 128; dual fp8 128
-         **{f"outtma-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, TMA=True, PF=0, **o) for o in (
+         **{f"outtma-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **{"TMA": True, "PF": 0, **o}) for o in (
              ({}, dict(HP=1), dict(HP=4), dict(maxnreg=64), dict(BLOCK_V=16, NR=8, num_warps=2),
               dict(BLOCK_V=64, NR=2), dict(PF=1))
              if m == "f32" else
