@@ -508,7 +508,20 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              ({}, dict(PF=2), dict(BLOCK_V=64, NR=2), dict(BLOCK_V=32, NR=4, HP=2), dict(BLOCK_V=32, NR=4, HP=4),
               dict(BLOCK_V=16, NR=8, HP=2, num_warps=2)))],
                                 b, ("q122b", "q4b"))
-            for m in ("f32", "bf16", "dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)}}
+            for m in ("f32", "bf16", "dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)},
+         # tune_gdn_s24b.txt: fp32 64 rows x 2 chunks through TMA fastest at b32-128 (Qwen3.5-122B b128 176.9
+         # vs 189.0 us) and Qwen3.5-4B b256 (178.4 vs 189.6); the 16/8-bit copies' table tile through TMA
+         # 1-25 % faster at b128-256 (bf16 state Qwen3.5-122B b256 190.6 vs 209.0, dual fp8 221.4 vs
+         # 261.8). Again, at every batch
+         **{f"outtma2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **{"TMA": True, "PF": 0, **o}) for o in (
+             ({}, dict(maxnreg=64), dict(BLOCK_V=64, NR=2), dict(BLOCK_V=64, NR=2, HP=1),
+              dict(BLOCK_V=64, NR=2, maxnreg=96))
+             if m == "f32" else
+             ({}, dict(PF=2), dict(BLOCK_V=128, NR=1, HP=4, PF_DIST=1, num_warps=4),
+              dict(BLOCK_V=128, NR=1, HP=2, num_warps=4)))],
+                                 b, ("q122b", "q4b"))
+            for m in ("f32", "bf16", "dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)
+            if not (m == "bf16" and b < 64)}}    # the eager route below
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered
