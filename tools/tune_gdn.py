@@ -509,6 +509,8 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
               dict(BLOCK_V=16, NR=8, HP=2, num_warps=2)))],
                                 b, ("q122b", "q4b"))
             for m in ("f32", "bf16", "dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)},
+         # (the output launch's maxnreg variants of outtma / outtma2 ran without the budget: plan_replay
+         # passed no launch options to that launch until after tune_gdn_s24c; they are repeats)
          # tune_gdn_s24b.txt: fp32 64 rows x 2 chunks through TMA fastest at b32-128 (Qwen3.5-122B b128 176.9
          # vs 189.0 us) and Qwen3.5-4B b256 (178.4 vs 189.6); the 16/8-bit copies' table tile through TMA
          # 1-25 % faster at b128-256 (bf16 state Qwen3.5-122B b256 190.6 vs 209.0, dual fp8 221.4 vs
@@ -521,7 +523,14 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
               dict(BLOCK_V=128, NR=1, HP=2, num_warps=4)))],
                                  b, ("q122b", "q4b"))
             for m in ("f32", "bf16", "dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)
-            if not (m == "bf16" and b < 64)}}    # the eager route below
+            if not (m == "bf16" and b < 64)},    # the eager route below
+         # the shipped rows (since tune_gdn_s24c) against the rows before them, a real 96-register
+         # budget on the fp32 row (5 programs per SM, ptxas spills 48 bytes) and, dual bf16, hints
+         # one ahead (252.8 / 485.0 us vs 255.4 / 493.2 without at Qwen3.5-122B b256 / b512 in _s24c)
+         **{f"outtma3-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
+             (dict(maxnreg=96), dict(BLOCK_V=32, NR=4, PF=2, PF_DIST=1, TMA=False))
+             if m == "f32" else (dict(PF=2, PF_DIST=1), dict(PF=2, PF_DIST=1, TMA=False)))], b, ("q122b", "q4b"))
+            for m in ("f32", "dual-bf16") for b in (128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

@@ -62,6 +62,10 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 # per program; PF prefetch hints (1 L2, 2 L1) PF_DIST chunks ahead; PREFETCH cursor-independent
 # buffer reads; SPLIT = output-only launch + flush-step launch (else the fused kernel, ticket cursor).
 _BIG_READ = {"NR": 1, "HP": 4, "PF": 2, "PF_DIST": 1, "SPLIT": True}     # 16/8-bit read copies, batch > 64
+# Since session 24 the output launch's state chunks come through a TMA descriptor (one copy
+# instruction per chunk, no address registers; TMA, where the state and GPU allow it:
+# launch.tma_rows), mostly without prefetch hints (PF 0)
+_BIG_TMA = dict(_BIG_READ, PF=0, TMA=True)
 # The fp32 commit's fold balanced over a fixed grid (_gdn_commit_balanced_kernel) where the state
 # has at most max_hv value heads and T is at most max_t (at T 6 it lost, docs/kernels.md session
 # 14): per_sm programs per SM of 2 warps under a 168-register budget (ptxas alone: 214), no
@@ -108,9 +112,16 @@ CONFIGS: dict[str, list[tuple]] = {
     # 541.2, and 109.4 / 159.7 / 313.0 vs 105.4 / 152.0 / 295.3
     # The route under a 56-register budget (ptxas: 64 without, no spills with): Qwen3.5-122B /
     # Qwen3.5-4B b1 3.9 / 3.1 us vs 4.1 / 3.1, b8 18.2 / 10.2 vs 18.6 / 10.6 (tune_gdn_s17b.txt)
+    # Session 24: batch > 16 in 64-row chunks through TMA, 2 chunks x 2 heads per program, no hints
+    # (128 registers on sm_90). Software pipelining of the chunk loop (LOOP_STAGES, cp.async or TMA)
+    # lost everywhere: b256 480-545 us (tune_gdn_s24a.txt). Whole step, us, the row before (32 x 4
+    # chunks, hints one ahead) vs this, Qwen3.5-122B / Qwen3.5-4B (tune_gdn_s24c.txt; _s24b alike):
+    # b32 61.2 / 31.5 vs 53.6 / 30.2, b64 104.1 / 62.2 vs 96.1 / 54.5, b128 189.2 / 104.4 vs 176.7 /
+    # 96.5, b256 363.7 / 189.6 vs 352.3 / 177.8, b512 709.9 / 369.5 vs 687.5 / 358.7. 32-row chunks
+    # through TMA (72 registers): b256 350.2 / 181.6, b32 61.4 / 31.1
     "replay":   [(16, 4, 1, {"EAGER_ROUTE": True, "maxnreg": 56}),
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
-                 (None, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True})],
+                 (None, 64, 4, {"NR": 2, "HP": 2, "PF": 0, "SPLIT": True, "TMA": True})],
     # 16-bit read copies (bf16 state; dual states route on the fp32 row above): the eager route,
     # 4 rows x 1 warp up to batch 4, 8 x 1 up to batch 32 (bf16 b8 11.5 / 6.7 vs 11.9 / 7.0;
     # tune_gdn_s17b.txt). bf16 state at batch 16 / 32 (tune_gdn_s17a.txt, _s17c.txt), routed vs
@@ -127,12 +138,25 @@ CONFIGS: dict[str, list[tuple]] = {
     "replay:2": [(4, 4, 1, {"EAGER_ROUTE": True}),
                  (32, 8, 1, {"EAGER_ROUTE": True, "PENDING_CALL": True}),
                  (4, 8, 1, {"PREFETCH": True}),
+    # Session 24: from batch 9 whole 128-row heads through TMA (int32 words), no hints; 2 heads per
+    # program to batch 32, 4 above. Whole step, us, the rows before vs these, Qwen3.5-122B / Qwen3.5-4B
+    # (tune_gdn_s24c.txt): dual bf16 b32 52.6 / 28.7 vs 47.2 / 29.2 (4 heads 49.8 / 29.3), b64 84.5 /
+    # 52.5 vs 77.6 / 47.1, b128 138.1 / 81.3 vs 131.7 / 78.9, b256 263.4 / 141.9 vs 255.4 / 139.9 (with
+    # hints: 252.8 / 139.9), b512 505.6 / 276.6 vs 493.2 / 273.5 (485.0 / 270.2); bf16 state b64 70.3 /
+    # 42.8 vs 56.5 / 34.1, b128 114.7 / 66.9 vs 103.2 / 59.8, b256 209.5 / 117.8 vs 191.6 / 108.9 (with
+    # hints 206.1 / 113.2), b512 411.0 / 221.2 vs 383.1 / 207.2
                  (8, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
-                 (64, 32, 4, {"NR": 4, "HP": 2, "PF": 2, "PF_DIST": 1, "SPLIT": True}),
-                 (None, 128, 4, _BIG_READ)],
+                 (32, 128, 4, dict(_BIG_TMA, HP=2)),
+                 (None, 128, 4, _BIG_TMA)],
+    # 8-bit read copies (dual fp8), session 24: from batch 9 the 16-bit copies' tile through TMA, here
+    # with hints one ahead above batch 64 and the early buffer reads below (as timed), us, the rows
+    # before vs these (tune_gdn_s24c.txt): b32 53.6 / 31.1 vs 40.8 / 25.0, b64 95.6 / 54.1 vs 69.2 /
+    # 42.4, b128 131.3 / 86.8 vs 114.0 / 67.0, b256 261.6 / 160.6 vs 221.8 / 120.9, b512 501.4 / 316.0
+    # vs 421.4 / 232.5 (without hints 434.7 / 241.3)
     "replay:1": [(4, 8, 1, {"PREFETCH": True}),
-                 (64, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
-                 (None, 128, 4, _BIG_READ)],
+                 (8, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
+                 (64, 128, 4, dict(_BIG_TMA, PREFETCH=True)),
+                 (None, 128, 4, dict(_BIG_READ, TMA=True))],
     # FOLD_MMA, Qwen3.5-122B b256 step vs rank-1 folds, same config otherwise (tools/tune_gdn.py):
     # fp32 450 vs 563 us (session 5), bf16 state 246 vs 346 us (session 8). Above batch 64, two
     # chunks per program (NR 2: half the programs, each chunk's loads hinted ahead of the other's;
@@ -1868,12 +1892,14 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     pk = 4 // rd.element_size() if kind and cfg.get("PACK", True) else 1
     if dk % pk:
         pk = 1
-    # TMA (opt-in): the output route's state chunks through a descriptor, over the fp32 copy or
-    # the 16/8-bit copy's int32 words (as _rd_dots reads them)
+    # TMA: the output route's state chunks through a descriptor, over the fp32 copy or the
+    # 16/8-bit copy's int32 words (as _rd_dots reads them); a table row's where the state and the
+    # GPU allow it, a config's TMA True raises where they do not
     descs = None
     if cfg.get("TMA") and (pk > 1 or rd.dtype == torch.float32):
         words = rd.view(torch.int32) if pk > 1 else rd
-        descs = tma_rows(words, dk // pk, [(rm["BLOCK_R"], cfg["BLOCK_K"] // pk)], "TMA", True)
+        asked = True if (config or {}).get("TMA") else None
+        descs = tma_rows(words, dk // pk, [(rm["BLOCK_R"], cfg["BLOCK_K"] // pk)], "TMA", asked)
     args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt, descs[0] if descs else rd,
             *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     (rd_lpr, rd_ls), (hi_lpr, hi_ls) = cache_lines(rd, dk), cache_lines(rs.hi.data, dk)
@@ -1881,6 +1907,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     meta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, SPLIT=split, PK=pk, RD_KIND=kind, RD_LPR=rd_lpr,
                 RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, TMA=descs is not None, **rm, **ck_meta)
+    _launch_options(meta, cfg)
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
         fc = _flush_step_row(rs, batch, "flush_step", config)

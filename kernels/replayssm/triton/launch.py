@@ -80,16 +80,26 @@ def state_scratch(rs, name: str, numel: int, device) -> torch.Tensor:
     return t
 
 
+def has_tma(device) -> bool:
+    """Whether kernels on `device` may read through TMA descriptors: CUDA compute capability
+    >= 9 (Hopper on), the 'meta' device of offline compiles (sm_90) and the CPU (Triton's
+    interpreter runs descriptor loads)."""
+    d = torch.device(device)
+    return d.type in ("meta", "cpu") or (d.type == "cuda" and torch.cuda.get_device_capability(d)[0] >= 9)
+
+
 def tma_rows(t: torch.Tensor, row_elems: int, blocks, key: str, asked: bool | None):
     """TMA descriptors over the contiguous state tensor t viewed as [rows, row_elems], one per
     block shape in `blocks` ([rows per load, elements per load]), or None for pointer loads.
     asked: True / False from a config (key names it), None: use them where TMA can (16-byte
-    aligned base, rows a multiple of 16 bytes, row numbers within int32)."""
+    aligned base, rows a multiple of 16 bytes, row numbers within int32, block dims <= 256,
+    a device with TMA: has_tma)."""
     fits = (t.is_contiguous() and t.data_ptr() % 16 == 0 and row_elems * t.element_size() % 16 == 0
-            and t.numel() // row_elems < 1 << 31)
+            and t.numel() // row_elems < 1 << 31 and all(d <= 256 for b in blocks for d in b))
     if asked and not fits:
         raise ValueError(f"config {key}=True: the state {tuple(t.shape)} {t.dtype} cannot be read through TMA "
-                         f"(needs a contiguous 16-byte aligned tensor, rows of a multiple of 16 bytes, < 2^31 rows)")
-    if not (fits if asked is None else asked):
+                         f"(needs a contiguous 16-byte aligned tensor, rows of a multiple of 16 bytes, < 2^31 rows, "
+                         f"blocks of <= 256 x 256: asked {list(blocks)})")
+    if not (fits and has_tma(t.device) if asked is None else asked):
         return None
     return [TensorDescriptor.from_tensor(t.view(-1, row_elems), list(b)) for b in blocks]

@@ -346,6 +346,48 @@ def test_replay_matches_reference(case):
     assert flushes >= 3, f"only {flushes} flush steps exercised"
 
 
+@pytest.mark.parametrize("mode,sd,lo,batch", [("replay", "float32", None, 20), ("replay", "bfloat16", None, 40),
+                                               ("dual", "float32", "bfloat16", 12), ("dual", "float32", "float8_e4m3", 12),
+                                               ("dual", "float32", "float16", 40)],
+                         ids=["f32-b20", "bf16-state-b40", "dual-bf16-b12", "dual-fp8-b12", "dual-f16-b40"])
+def test_table_rows_read_through_tma(mode, sd, lo, batch):
+    # session 24: the table's buffered rows read the state chunks through a TMA descriptor (fp32
+    # from batch 17, 16/8-bit copies from batch 9); with the table's own rows, against the reference
+    from replayssm.triton import gdn as TK
+    g = gen(13)
+    slots, K = batch + 4, 3
+    sh = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=32, head_v_dim=40)   # rows of 8-bit words: 32 B
+    rs, rr = make_pair(sh, slots, 4, K, mode, sd, lo, torch.bfloat16, g)
+    x = step_inputs(sh, batch, torch.bfloat16, g)
+    assert TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"])[0][3]["TMA"] is True
+    flushes = 0
+    for step in range(4):
+        idx = random_rows(slots, batch, g)
+        x = step_inputs(sh, batch, torch.bfloat16, g)
+        live = idx[idx >= 0].long()
+        flushes += int((rr.cursor[live] + 1 >= K).sum())
+        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]))
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+        assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"step {step}: {rel_err(o, o_ref):.3g}"
+        assert (o[idx < 0] == 0).all()
+        state_check(rs, rr, f"step {step}")
+    assert flushes >= 3
+
+
+def test_tma_rows_falls_back_where_tma_cannot_read():
+    # a table row's TMA (asked None) gives way to pointer loads where the state or the GPU cannot
+    # take a descriptor; a config's TMA True names the key instead
+    from replayssm.triton.launch import tma_rows
+    t = torch.zeros(8, 6, dtype=torch.float32)      # rows of 24 bytes: not a multiple of 16
+    assert tma_rows(t, 6, [(8, 8)], "TMA", None) is None
+    with pytest.raises(ValueError, match="TMA=True"):
+        tma_rows(t, 6, [(8, 8)], "TMA", True)
+    ok = torch.zeros(8, 8, dtype=torch.float32)
+    assert tma_rows(ok, 8, [(8, 8)], "TMA", None) is not None
+    assert tma_rows(ok, 8, [(512, 8)], "TMA", None) is None     # a box dim over 256
+    assert tma_rows(ok, 8, [(8, 8)], "TMA", False) is None
+
+
 @pytest.mark.parametrize("sh,mode,sd,lo,L,K", [(TALL, "dual", "float32", "bfloat16", 12, 11),
                                                (GQA, "dual", "float32", "float8_e4m3", 20, 18),
                                                (TALL, "replay", "bfloat16", None, 20, 17)],
@@ -457,9 +499,11 @@ def test_eager_route_plan(monkeypatch):
     assert {k: TK.pick_config("replay", 8, 128, 128, 16)[k] for k in ("BLOCK_V", "num_warps", "maxnreg")} == \
         {"BLOCK_V": 4, "num_warps": 1, "maxnreg": 56}
     assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2)["BLOCK_V"] for b in (1, 4, 5, 32)] == [4, 4, 8, 8]
-    # dual 16-bit reads, buffered: the session-6 row up to batch 8, 4 chunks per program above
-    assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2, dual=True, heads=64)["NR"]
-            for b in (9, 64)] == [4, 4]
+    # dual 16-bit reads, buffered: the session-6 row up to batch 8, whole heads through TMA above
+    # (session 24: 2 heads per program to batch 32, 4 above)
+    assert [{k: TK.pick_config("replay", b, 128, 128, 16, state_bytes=2, dual=True, heads=64).get(k)
+             for k in ("BLOCK_V", "NR", "HP", "TMA")} for b in (9, 32, 33, 512)] == \
+        [{"BLOCK_V": 128, "NR": 1, "HP": 2, "TMA": True}] * 2 + [{"BLOCK_V": 128, "NR": 1, "HP": 4, "TMA": True}] * 2
     assert TK.pick_config("replay", 8, 128, 128, 16, state_bytes=2, dual=True, heads=128)["NR"] == 2
     monkeypatch.setattr(TK, "SMALL_BATCH_ROUTE", False)
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"])
@@ -943,12 +987,14 @@ cuda_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @cuda_only
 @pytest.mark.parametrize("model", list(QWEN))
 @pytest.mark.parametrize("batch", [1, 7, 64, 512])
-@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "bfloat16")], ids=["f32", "dual-bf16"])
-def test_real_dims(model, batch, mode, lo):
+@pytest.mark.parametrize("mode,lo,sd", [("replay", None, "float32"), ("dual", "bfloat16", "float32"),
+                                        ("replay", None, "bfloat16"), ("dual", "float8_e4m3", "float32")],
+                         ids=["f32", "dual-bf16", "bf16-state", "dual-fp8"])
+def test_real_dims(model, batch, mode, lo, sd):
     sh = QWEN[model]
     g = gen(8)
     K, L, T = 4, 8, 4
-    rs, rr = make_pair(sh, batch, L, K, mode, "float32", lo, torch.bfloat16, g)
+    rs, rr = make_pair(sh, batch, L, K, mode, sd, lo, torch.bfloat16, g)
     st = I.random_state(batch, sh.num_v_heads, sh.head_v_dim, sh.head_k_dim, device=DEV, gen=g)
     st_ref = st.clone()
     idx = torch.arange(batch, dtype=torch.int32, device=DEV).flip(0)
@@ -972,14 +1018,17 @@ def test_real_dims(model, batch, mode, lo):
 
 
 @cuda_only
-@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "float8_e4m3")], ids=["f32", "dual-fp8"])
-def test_cuda_graph_replay_steps(mode, lo):
+@pytest.mark.parametrize("mode,lo,batch", [("replay", None, 12), ("dual", "float8_e4m3", 12), ("replay", None, 24),
+                                           ("dual", "bfloat16", 24)], ids=["f32", "dual-fp8", "f32-b24", "dual-bf16-b24"])
+def test_cuda_graph_replay_steps(mode, lo, batch):
     """Capture one replay step in a CUDA graph; replay 72 steps (K = 8: flushes at different
-    steps per sequence) comparing with the reference step by step."""
-    sh, batch, K = QWEN["qwen3.5-4b"], 12, 8
+    steps per sequence) comparing with the reference step by step. Batch 12: the routes of small
+    batches (fp32: the eager route; dual fp8 at 384 heads: the high copy's); 24: the buffered
+    SPLIT rows, state chunks through TMA."""
+    sh, K = QWEN["qwen3.5-4b"], 8
     g = gen(9)
-    rs, rr = make_pair(sh, 16, K, K, mode, "float32", lo, torch.bfloat16, g)
-    idx = random_rows(16, batch, g)
+    rs, rr = make_pair(sh, batch + 4, K, K, mode, "float32", lo, torch.bfloat16, g)
+    idx = random_rows(batch + 4, batch, g)
     static = step_inputs(sh, batch, torch.bfloat16, g)
     out = torch.empty_like(static["v"])
     GD.replay_step(rs, **static, state_indices=idx, out=out)      # compile + warm up outside the graph
