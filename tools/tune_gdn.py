@@ -530,7 +530,13 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"outtma3-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
              (dict(maxnreg=96), dict(BLOCK_V=32, NR=4, PF=2, PF_DIST=1, TMA=False))
              if m == "f32" else (dict(PF=2, PF_DIST=1), dict(PF=2, PF_DIST=1, TMA=False)))], b, ("q122b", "q4b"))
-            for m in ("f32", "dual-bf16") for b in (128, 256, 512)}}
+            for m in ("f32", "dual-bf16") for b in (128, 256, 512)},
+         # the flush step's high chunks through TMA (F_TMA; sm_90, Qwen3.5-122B b256: fp32 128 registers either
+         # way, 24 instead of 16 KiB of shared memory; bf16 state 127, 105 without hints; dual 255 without
+         # its 28-byte spill)
+         **{f"flushtma-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_TMA=True), _table(m, b, F_TMA=True, F_PF=0)],
+                                   b, ("q122b", "q4b"))
+            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

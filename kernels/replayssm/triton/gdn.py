@@ -1076,7 +1076,7 @@ def _fold_decays(gb_ptr, el, lm, rk):
 @triton.jit
 def _gdn_flush_step_kernel(
     q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, hi_desc,
     sqb, sqh, sob, soh, scale, flush_period, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, NR: tl.constexpr, HP: tl.constexpr,
@@ -1086,6 +1086,7 @@ def _gdn_flush_step_kernel(
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
     WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, GDC: tl.constexpr = False,
+    TMA: tl.constexpr = False,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -1129,6 +1130,8 @@ def _gdn_flush_step_kernel(
     GDC: launched as a programmatic dependent (of the commit's cursor launch, or the step's
     output-only launch), it waits for the kernel ahead of it before any load, then lets a
     programmatic dependent behind it start early (the next layer's commit, in a model).
+    TMA (16/32-bit high copies): the high chunks come through hi_desc, a TMA descriptor over
+    the high copy as [rows, DK], block [BLOCK_R, BLOCK_K] (session 24).
     """
     gdc_wait_prior(GDC)
     gdc_release(GDC)
@@ -1219,7 +1222,11 @@ def _gdn_flush_step_kernel(
                                     INTERP)
                     tile = row[:, None] * DK + cols[None, :]
                     m2 = rm[:, None] & cmask[None, :]
-                    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
+                    if TMA:
+                        S = hi_desc.load([((slot64 * HV + h) * DV + r0 + jr * BLOCK_R).to(tl.int32), 0])
+                        S = S.to(tl.float32)
+                    else:
+                        S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
                     if DUAL and FOLD_MMA:
                         V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
                                     other=0.0).to(tl.float32)                      # [rows, BL] raw v
@@ -1950,8 +1957,14 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     ck, ck_meta = _hi_lo_args(rs)
     buf, _ = _buffer_args(rs)
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
-    args = [q, o, idx, nxt, *ck, *buf, rs.cursor, *_strides(q, o, dims=2), scale, rs.flush_period, batch]
-    meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"],
+    # TMA (a row's or config's F_TMA; 16/32-bit high copies): the high chunks through a
+    # descriptor where the state and GPU allow it
+    descs = None
+    if fc.get("TMA") and rs.hi.data.element_size() > 1:
+        descs = tma_rows(rs.hi.data, dk, [(fm["BLOCK_R"], fc["BLOCK_K"])], "F_TMA", None)
+    args = [q, o, idx, nxt, *ck, *buf, rs.cursor, descs[0] if descs else rs.hi.data,
+            *_strides(q, o, dims=2), scale, rs.flush_period, batch]
+    meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"], TMA=bool(descs),
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                 HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)
