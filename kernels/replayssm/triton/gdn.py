@@ -78,11 +78,19 @@ _BALANCED_COMMIT = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF":
 # in a model's commit phase (layer after layer) the next cursor launch starts early the same way.
 # Config key PDL per call.
 PDL = True
-_FLUSH_STEP = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e"}   # flush_step(:2) rows
+# The replay step's flush step reads its high chunks through TMA since session 24 (TMA). Whole
+# step, us, without / with, Qwen3.5-122B / Qwen3.5-4B (tune_gdn_s24e.txt, one call): fp32 b128
+# 178.3 / 97.2 vs 177.8 / 96.7, b256 351.5 / 179.8 vs 339.2 / 178.5, b512 691.9 / 349.0 vs 679.5 /
+# 355.9 (the one loss); bf16 state b256 196.8 / 110.4 vs 193.1 / 109.9, b512 387.7 / 209.2 vs 384.1 /
+# 208.4; dual bf16 b128 132.8 / 79.4 vs 131.3 / 78.3, b256 257.2 / 140.6 vs 253.6 / 138.8, b512
+# 495.4 / 274.8 vs 489.0 / 271.2 (and the dual step's 28-byte spill gone on sm_90). The commit's
+# rows (its own table entries) keep pointer loads: untimed there
+_FLUSH_STEP = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "FOLD_PREC": "bf16x3e",
+               "TMA": True}   # flush_step(:2) rows
 _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "tf32x3"}   # flush_step_dual rows
 # the dual flush step since session 22: its products against the raw keys as three bf16 terms
 # ("bf16x3e", where the keys are bf16 / fp8) and no software pipelining of the chunk loop
-_DUAL_FLUSH_X3E = dict(_DUAL_FLUSH, P_PREC="bf16x3e", FOLD_PREC="bf16x3e", num_stages=1)
+_DUAL_FLUSH_X3E = dict(_DUAL_FLUSH, P_PREC="bf16x3e", FOLD_PREC="bf16x3e", num_stages=1, TMA=True)
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager: 4 rows x 1 warp at every batch. Session 17 (tune_gdn_s17a-c.txt), us, Qwen3.5-122B /
     # Qwen3.5-4B, against the rows it replaces (8 x 2 warps at batch 5-64, 16 x 1 above): b8 18.1 /
@@ -1957,10 +1965,11 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     ck, ck_meta = _hi_lo_args(rs)
     buf, _ = _buffer_args(rs)
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
-    # TMA (a row's or config's F_TMA; 16/32-bit high copies): the high chunks through a
-    # descriptor where the state and GPU allow it
+    # TMA (a row's or config's F_TMA; the matrix-product fold of 16/32-bit high copies, as timed;
+    # the rank-1 fold took 202 registers with it): the high chunks through a descriptor where the
+    # state and GPU allow it
     descs = None
-    if fc.get("TMA") and rs.hi.data.element_size() > 1:
+    if fc.get("TMA") and _fold_mma_fits(rs, fc, fm["BLOCK_R"]):
         descs = tma_rows(rs.hi.data, dk, [(fm["BLOCK_R"], fc["BLOCK_K"])], "F_TMA", None)
     args = [q, o, idx, nxt, *ck, *buf, rs.cursor, descs[0] if descs else rs.hi.data,
             *_strides(q, o, dims=2), scale, rs.flush_period, batch]

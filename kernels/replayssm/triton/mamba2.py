@@ -176,7 +176,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None, tma=False)
+                       maxnreg=None, pf=0, bc=False, pdl=None)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -364,7 +364,7 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
             "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
-            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "tma": bool(v["tma"])}
+            "pdl": PDL if v["pdl"] is None else bool(v["pdl"])}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -378,24 +378,6 @@ def _load_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p
     if HAS_SCALE:
         sc = tl.load(sc_ptr + sbase + offs_p, mask=mask_p, other=1.0)
         s = s * sc[:, None]
-    return s
-
-
-@triton.jit
-def _read_tile(ptr, sc_ptr, desc, base, sbase, offs_p, offs_n, stride_p, mask, mask_p, HAS_SCALE: tl.constexpr,
-               EV: tl.constexpr, TMA: tl.constexpr):
-    """The read copy's [BP, BN] float32 tile, as _load_state, or with TMA through `desc` (a TMA
-    descriptor over the copy as [rows, N], block [BP, BN]) from row base / stride_p + offs_p[0]:
-    one copy instruction instead of per-thread vector loads. What `mask` leaves out (a padded
-    row's tile, read from slot 0 where its slot is clamped; rows past P) is zeroed, as the
-    masked load gives it."""
-    if TMA:
-        s = desc.load([(base // stride_p + tl.min(offs_p, axis=0)).to(tl.int32), 0]).to(tl.float32)
-        s = tl.where(mask, s, 0.0)
-        if HAS_SCALE:
-            s = s * tl.load(sc_ptr + sbase + offs_p, mask=mask_p, other=1.0)[:, None]
-    else:
-        s = _load_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p, HAS_SCALE, EV)
     return s
 
 
@@ -612,7 +594,7 @@ def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, N, NL, s_C_b, s_C_g, s_bB_
 def _replay_step_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
     cur_ptr, bx_ptr, bB_ptr, bdt_ptr, bc_ptr,
-    rd_ptr, rd_sc_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, rd_desc,
+    rd_ptr, rd_sc_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     K, P, N, HPG, NPROG,
     s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
     s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
@@ -623,7 +605,7 @@ def _replay_step_kernel(
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
     PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32, PRE_BC: tl.constexpr = False,
-    GDC: tl.constexpr = False, TMA: tl.constexpr = False,
+    GDC: tl.constexpr = False,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -667,8 +649,7 @@ def _replay_step_kernel(
     # buffer tiles are fetched; the relaxed ticket does not order it); 2. the cursor; 3. the
     # buffer tiles it masks (PRELOAD; else inside the branch that uses them).
     if EARLY:
-        S = _read_tile(rd_ptr, rd_sc_ptr, rd_desc, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE,
-                       EVICT, TMA)
+        S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE, EVICT)
     elif PF > 0:    # the tile's lines on their way (RD_LPR lines of RD_LS elements per row), no registers
         prefetch_hint(rd_ptr, ck_base + tl.minimum(offs_p, P - 1) * s_ck_p, RD_LPR, RD_LS, PF, EXACT)
     A = tl.load(A_ptr + h)
@@ -786,8 +767,8 @@ def _replay_step_kernel(
             coef = w * tl.sum(Bbf * Cv[None, :], axis=1)       # [BL] w_i (B_i . C)
         coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
         if not EARLY:
-            S = _read_tile(rd_ptr, rd_sc_ptr, rd_desc, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p,
-                           RD_SCALE, EVICT, TMA)
+            S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE,
+                            EVICT)
         yv = total * tl.sum(S * Cv[None, :], axis=1) + tl.sum(Xbf * coef[:, None], axis=0) \
             + coef_n * x_buf.to(tl.float32)
         tl.store(bx_ptr + bx_base + n * s_bx_l + offs_p, x_buf, mask=mask_p)
@@ -1512,11 +1493,6 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
                          "False")
     rd_d, rd_s, rd_has = _ckpt_args(rd, rs.hi.data)
     rd_lpr, rd_ls = cache_lines(rd_d, N)      # the read tile's rows, for the pf hint
-    # the output route's tile through TMA (knob "tma": a table row's where the state and GPU allow
-    # it; OVERRIDE's True raises where they do not)
-    asked = OVERRIDE.get("replay", {}).get("tma")
-    descs = tma_rows(rd_d, N, [(block_p, block_n)], 'OVERRIDE["replay"]["tma"]',
-                     bool(asked) if asked is not None else (None if v["tma"] else False))
     hi_d, hi_s, hi_has = _ckpt_args(rs.hi, rs.hi.data)
     lo_d, lo_s, lo_has = _ckpt_args(rs.lo, rs.hi.data)
     zz = z if z is not None else x
@@ -1539,13 +1515,13 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     launches.append(_record(_replay_step_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx,
         rs.cursor, rs.x, rs.B, rs.dt, bc,
-        rd_d, rd_s, hi_d, hi_s, lo_d, lo_s, descs[0] if descs else rd_d,
+        rd_d, rd_s, hi_d, hi_s, lo_d, lo_s,
         rs.flush_period, P, N, H // G, nprog,
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], TMA=descs is not None, **pdl, **common))
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **pdl, **common))
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,

@@ -356,14 +356,16 @@ def test_replay_matches_reference(case):
                          ids=["f32-b20", "bf16-state-b40", "dual-bf16-b12", "dual-fp8-b12", "dual-f16-b40"])
 def test_table_rows_read_through_tma(mode, sd, lo, batch):
     # session 24: the table's buffered rows read the state chunks through a TMA descriptor (fp32
-    # from batch 17, 16/8-bit copies from batch 9); with the table's own rows, against the reference
+    # from batch 17, 16/8-bit copies from batch 9), and the flush step its high chunks; with the
+    # table's own rows, against the reference
     from replayssm.triton import gdn as TK
     g = gen(13)
     slots, K = batch + 4, 3
     sh = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=32, head_v_dim=40)   # rows of 8-bit words: 32 B
     rs, rr = make_pair(sh, slots, 4, K, mode, sd, lo, torch.bfloat16, g)
     x = step_inputs(sh, batch, torch.bfloat16, g)
-    assert TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"])[0][3]["TMA"] is True
+    plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"])
+    assert plans[0][3]["TMA"] is True and plans[1][3]["TMA"] is True     # the flush step's high chunks too
     flushes = 0
     for step in range(4):
         idx = random_rows(slots, batch, g)

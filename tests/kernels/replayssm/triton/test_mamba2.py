@@ -313,29 +313,6 @@ def test_replay_variants(device, variant, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode,sd,lo,knobs", [
-    ("replay", "float32", None, dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)),
-    ("dual", "float32", "bfloat16", dict(block_p=32, warps=1, early=False, preload=False, fold_cols=32, bc=True)),
-    ("dual", "float32", "float8_e4m3", dict(block_p=16, warps=2)),
-    ("replay", "bfloat16", None, dict(block_p=16, warps=1, early=True, preload=True, fold_cols=16, bc=True))],
-    ids=["f32-lean", "dual-bf16-32rows-bc", "dual-fp8-early", "bf16-state-early-bc"])
-def test_replay_read_tile_through_tma(device, mode, sd, lo, knobs, monkeypatch):
-    """The output route's read tile through a TMA descriptor (knob "tma", session 24): padded
-    rows (their tile read from slot 0, zeroed), row-scaled fp8 copies, late and early loads."""
-    from replayssm.triton import mamba2 as tk
-    monkeypatch.setitem(tk.OVERRIDE, "replay", dict(knobs, tma=True))
-    shape = I.Mamba2Shape(nheads=2, head_dim=32, d_state=32, n_groups=1)     # rows of 32 bytes at fp8
-    g = gen(47)
-    rs, rr = make_pair(shape, 7, 4, 3, mode, sd, lo, torch.bfloat16, g)
-    idx = torch.tensor(IDX4, dtype=torch.int32, device=device)
-    p = params(shape, g)
-    inp = step_inputs(shape, 4, torch.bfloat16, g)
-    step = [la for la in tk.plan_replay_step(rs, **inp, **p, state_indices=idx)[0] if la.kernel is tk._replay_step_kernel]
-    assert step[0].meta["TMA"] is True
-    assert run_steps(rs, rr, shape, idx, 6, torch.bfloat16, g, what="tma") >= 3
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("route,block_p,fold_cols,mode,lo,late,N", [
     ("fused", 32, 0, "replay", None, False, 32), ("split", 32, 0, "replay", None, False, 32),
     ("fused", 32, 16, "replay", None, False, 32), ("fused", 16, 16, "replay", None, True, 32),
