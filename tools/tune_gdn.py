@@ -533,7 +533,9 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
             for m in ("f32", "dual-bf16") for b in (128, 256, 512)},
          # the flush step's high chunks through TMA (F_TMA; sm_90, Qwen3.5-122B b256: fp32 128 registers either
          # way, 24 instead of 16 KiB of shared memory; bf16 state 127, 105 without hints; dual 255 without
-         # its 28-byte spill)
+         # its 28-byte spill). tune_gdn_s24e.txt ran at de2c1b2, where the table's flush rows had no TMA;
+         # since c275939 they have it, so the first entry of these lists is the second's repeat
+         # (F_TMA=False gives the rows before)
          **{f"flushtma-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_TMA=True), _table(m, b, F_TMA=True, F_PF=0)],
                                    b, ("q122b", "q4b"))
             for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)}}
