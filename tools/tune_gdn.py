@@ -219,7 +219,7 @@ def vname(c) -> str:
     if "NR" not in c:
         return f"eager BV{c['BLOCK_V']} w{c['num_warps']}{opts}"
     s = f"{'split' if c.get('SPLIT') else 'fused'} R{c['BLOCK_V']}x{c['NR']} H{c['HP']} w{c['num_warps']}"
-    s += f" pf{c['PF']}/{c['PF_DIST']}" if c["PF"] else " pf0"
+    s += f" pf{c['PF']}/{c.get('PF_DIST', 1)}" if c["PF"] else " pf0"   # (replay_meta's default distance)
     if c.get("PREFETCH"):
         s += " pre"
     if c.get("PDL") is False:
