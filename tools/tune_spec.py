@@ -260,6 +260,11 @@ GDN_VARIANTS: dict[str, dict] = {
     "bal6-r168-pf1": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 1})},
     "bal3-v32w4-r168": {"fold": dict(F_BALANCED={"per_sm": 3, "BLOCK_V": 32, "num_warps": 4, "maxnreg": 168})},
     "bal4-pf0": {"fold": dict(F_BALANCED={"per_sm": 4, "PF": 0, "maxnreg": None})},
+    # prepared in session 24, untimed: the commit's flush step reading its high chunks through TMA
+    # (F_TMA, as the replay step's since c275939; sm_90 at b128 under the row's 160-register budget:
+    # 160 with an 8-byte spill, 146 without TMA), and at <= 32 value heads instead of the balanced fold
+    "commit-tma": {"fold": dict(F_TMA=True)},
+    "commit-tma-nobal": {"fold": dict(F_TMA=True, F_BALANCED=None)},
     "bal5-r192-pf0": {"fold": dict(F_BALANCED={"per_sm": 5, "maxnreg": 192, "PF": 0})},
     "bal-any-t": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "max_hv": 32})},   # T > 4 too
     # session 15: the round's launches as programmatic dependents (gdn.PDL): off, side by side
