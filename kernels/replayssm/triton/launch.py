@@ -33,9 +33,12 @@ def pdl_meta(device, on: bool = True) -> dict:
     programs wait for that kernel (common.gdc_wait_prior) before touching memory, so the
     launch's latency overlaps the kernel ahead of it instead of following it. Works inside a
     captured CUDA graph (a programmatic edge)."""
-    d = torch.device(device)
-    ok = on and (d.type == "meta" or (d.type == "cuda" and torch.cuda.get_device_capability(d)[0] >= 9))
-    return {"GDC": True, "launch_pdl": True} if ok else {"GDC": False}
+    return {"GDC": True, "launch_pdl": True} if on and _hopper_on(torch.device(device)) else {"GDC": False}
+
+
+def _hopper_on(d: torch.device) -> bool:
+    """CUDA compute capability >= 9, or the 'meta' device that offline compiles stand for sm_90 with."""
+    return d.type == "meta" or (d.type == "cuda" and torch.cuda.get_device_capability(d)[0] >= 9)
 
 
 def last_contig(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -85,7 +88,7 @@ def has_tma(device) -> bool:
     >= 9 (Hopper on), the 'meta' device of offline compiles (sm_90) and the CPU (Triton's
     interpreter runs descriptor loads)."""
     d = torch.device(device)
-    return d.type in ("meta", "cpu") or (d.type == "cuda" and torch.cuda.get_device_capability(d)[0] >= 9)
+    return d.type == "cpu" or _hopper_on(d)
 
 
 def tma_rows(t: torch.Tensor, row_elems: int, blocks, key: str, asked: bool | None):

@@ -340,6 +340,24 @@ def test_flush_step_key_products_by_key_dtype(act, want):
             assert meta["num_stages"] == 1
 
 
+def random_steps(rs, rr, sh, slots: int, batch: int, act, g, steps: int, cfg=None, what: str = "") -> int:
+    """Drive kernel and reference states `steps` replay steps over random rows (some padded):
+    outputs (poisoned out), padded rows' zeros and the state checked every step. Returns how
+    many sequence steps flushed."""
+    flushes = 0
+    for step in range(steps):
+        idx = random_rows(slots, batch, g)
+        x = step_inputs(sh, batch, act, g)
+        live = idx[idx >= 0].long()
+        flushes += int((rr.cursor[live] + 1 >= rr.flush_period).sum())
+        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]), config=cfg)
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
+        assert rel_err(o, o_ref) <= out_tol(act), f"{what} step {step}: {rel_err(o, o_ref):.3g}"
+        assert (o[idx < 0] == 0).all()
+        state_check(rs, rr, f"{what} step {step}")
+    return flushes
+
+
 @pytest.mark.parametrize("case", REPLAY_CASES, ids=[c[0] for c in REPLAY_CASES])
 def test_replay_matches_reference(case):
     name, sh, mode, sd, lo, act, L, K, cfg = case
@@ -347,18 +365,7 @@ def test_replay_matches_reference(case):
     slots = 4
     batch = 2 if sh is GQA else 3
     rs, rr = make_pair(sh, slots, L, K, mode, sd, lo, act, g)
-    flushes = 0
-    for step in range(8 if sh is TINY else 6):
-        idx = random_rows(slots, batch, g)
-        x = step_inputs(sh, batch, act, g)
-        live = idx[idx >= 0].long()
-        flushes += int((rr.cursor[live] + 1 >= K).sum())
-        out = poisoned(x["v"])
-        o = GD.replay_step(rs, **x, state_indices=idx, out=out, config=cfg)
-        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
-        assert rel_err(o, o_ref) <= out_tol(act), f"{name} step {step}: {rel_err(o, o_ref):.3g}"
-        assert (o[idx < 0] == 0).all()
-        state_check(rs, rr, f"{name} step {step}")
+    flushes = random_steps(rs, rr, sh, slots, batch, act, g, 8 if sh is TINY else 6, cfg, name)
     assert flushes >= 3, f"only {flushes} flush steps exercised"
 
 
@@ -378,18 +385,7 @@ def test_table_rows_read_through_tma(mode, sd, lo, batch):
     x = step_inputs(sh, batch, torch.bfloat16, g)
     plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"])
     assert plans[0][3]["TMA"] is True and plans[1][3]["TMA"] is True     # the flush step's high chunks too
-    flushes = 0
-    for step in range(4):
-        idx = random_rows(slots, batch, g)
-        x = step_inputs(sh, batch, torch.bfloat16, g)
-        live = idx[idx >= 0].long()
-        flushes += int((rr.cursor[live] + 1 >= K).sum())
-        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]))
-        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx)
-        assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"step {step}: {rel_err(o, o_ref):.3g}"
-        assert (o[idx < 0] == 0).all()
-        state_check(rs, rr, f"step {step}")
-    assert flushes >= 3
+    assert random_steps(rs, rr, sh, slots, batch, torch.bfloat16, g, 4) >= 3
 
 
 def test_tma_rows_falls_back_where_tma_cannot_read():
