@@ -538,7 +538,26 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # (F_TMA=False gives the rows before)
          **{f"flushtma-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_TMA=True), _table(m, b, F_TMA=True, F_PF=0)],
                                    b, ("q122b", "q4b"))
-            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)}}
+            for m in ("f32", "bf16", "dual-bf16") for b in (128, 256, 512)},
+         # session 25: the dual flush step took 77 of 246 us at Qwen3.5-122B b256 (probe_gdn_overlap_s24a),
+         # twice its bytes' copy time. Its chunk loop waits for each chunk's TMA copy when it needs it
+         # (num_stages 1), and stores through a layout conversion and a tile of addresses. Here:
+         # the stores through TMA too (F_ST_TMA), and the loop software-pipelined (num_stages 2-3:
+         # with TMA the next chunk's copy waits in shared memory, not registers). sm_90 registers /
+         # shared memory (offline, b256): table 255 / 14 KiB; ST_TMA 255 / 18 KiB (under a 168 budget
+         # 80 bytes of spill vs 112); stages 2 255 (16-byte spill) / 22 KiB; stages 2 + ST_TMA 255 / 28 KiB,
+         # no spill; P_T (the state chunk as the second MMA operand) spills more: not timed
+         **{f"dualflush5-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
+             dict(F_ST_TMA=True), dict(F_num_stages=2), dict(F_num_stages=2, F_ST_TMA=True),
+             dict(F_num_stages=2, F_ST_TMA=True, F_PF=0), dict(F_num_stages=2, F_ST_TMA=True, F_PF=1),
+             dict(F_num_stages=3, F_ST_TMA=True))], b, ("q122b", "q4b"))
+            for m in ("dual-bf16", "dual-fp8") for b in (64, 128, 256, 512)},
+         # the non-dual flush step's stores through TMA (bf16 state: 96 registers instead of 127; fp32 128
+         # either way, 38-41 KiB of shared memory instead of 22-25)
+         **{f"flushst-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
+             dict(F_ST_TMA=True), dict(F_ST_TMA=True, F_num_stages=2), dict(F_ST_TMA=True, F_PF=0))],
+                                 b, ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (64, 128, 256, 512)}}
 SMALL = {  # batch 1 and 32: fp32 only
     # batch 1: the eager route (shipped: 4 rows x 1 warp, as the eager kernel) against eager
     # (session 16: the route's steady step ahead of its branch on the cursor); the buffered

@@ -265,6 +265,11 @@ GDN_VARIANTS: dict[str, dict] = {
     # 160 with an 8-byte spill, 146 without TMA), and at <= 32 value heads instead of the balanced fold
     "commit-tma": {"fold": dict(F_TMA=True)},
     "commit-tma-nobal": {"fold": dict(F_TMA=True, F_BALANCED=None)},
+    # session 25: and its stores through TMA too (F_ST_TMA; sm_90 at b128 under the 160 budget: 157
+    # registers, no spill), pipelined at depth 2 (the table's rows: Triton's default, 3)
+    "commit-tma-st": {"fold": dict(F_TMA=True, F_ST_TMA=True)},
+    "commit-tma-st-nobal": {"fold": dict(F_TMA=True, F_ST_TMA=True, F_BALANCED=None)},
+    "commit-tma-st2": {"fold": dict(F_TMA=True, F_ST_TMA=True, F_num_stages=2)},
     "bal5-r192-pf0": {"fold": dict(F_BALANCED={"per_sm": 5, "maxnreg": 192, "PF": 0})},
     "bal-any-t": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "max_hv": 32})},   # T > 4 too
     # session 15: the round's launches as programmatic dependents (gdn.PDL): off, side by side

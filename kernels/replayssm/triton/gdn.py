@@ -45,7 +45,7 @@ from ..state import CURSOR_MASK, FP8_MAX, LO_STALE, GDNReplayState
 from .common import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
     prefetch_hint
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
-from .mma import exact_b_holds, mm, mma_acc, mma_precision, split_precision
+from .mma import exact_b_holds, mm, mm_rsplit, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
 _TICKET = tl.constexpr(1 << 16)
@@ -1084,7 +1084,7 @@ def _fold_decays(gb_ptr, el, lm, rk):
 @triton.jit
 def _gdn_flush_step_kernel(
     q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, hi_desc,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, hi_desc, lo_desc,
     sqb, sqh, sob, soh, scale, flush_period, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, NR: tl.constexpr, HP: tl.constexpr,
@@ -1094,7 +1094,7 @@ def _gdn_flush_step_kernel(
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
     WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, GDC: tl.constexpr = False,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, ST_TMA: tl.constexpr = False, P_T: tl.constexpr = False,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -1140,6 +1140,12 @@ def _gdn_flush_step_kernel(
     programmatic dependent behind it start early (the next layer's commit, in a model).
     TMA (16/32-bit high copies): the high chunks come through hi_desc, a TMA descriptor over
     the high copy as [rows, DK], block [BLOCK_R, BLOCK_K] (session 24).
+    ST_TMA (with TMA, the matrix-product fold, chunks inside the head): the folded chunk goes
+    out through hi_desc too and, dual with a 16-bit low copy, the low copy's through lo_desc
+    (its descriptor, same block): a shared-memory write and one bulk copy per chunk instead
+    of a layout conversion and a [rows, dk] tile of addresses per store.
+    P_T (dual): S_0 Kb^T as (Kb S_0^T)^T (mma.mm_rsplit): the state chunk becomes the MMA's
+    second operand, so each warp holds its own rows of it rather than the whole chunk.
     """
     gdc_wait_prior(GDC)
     gdc_release(GDC)
@@ -1238,14 +1244,21 @@ def _gdn_flush_step_kernel(
                     if DUAL and FOLD_MMA:
                         V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
                                     other=0.0).to(tl.float32)                      # [rows, BL] raw v
-                        P = mm(S, tl.trans(kb), P_PREC, INTERP)                       # S_0 k_i (raw keys)
+                        if P_T:
+                            P = tl.trans(mm_rsplit(kb, tl.trans(S), P_PREC, INTERP))
+                        else:
+                            P = mm(S, tl.trans(kb), P_PREC, INTERP)                   # S_0 k_i (raw keys)
                         R_ = bl[None, :] * (V - rc[None, :] * P)
                         U = R_ + mm(R_, X, SMALL_PREC, INTERP)                     # R (I + M)^-1
                         S = tl.exp(Cn) * S + mm(U * wl[None, :], kb, FOLD_PREC, INTERP)
                         if WRITE_O:
                             o = tl.sum(S * qn[None, :], 1)
                             tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
-                        _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
+                        if ST_TMA and not LO_FP8:
+                            lo_desc.store([((slot64 * HV + h) * DV + r0 + jr * BLOCK_R).to(tl.int32), 0],
+                                          cast(S, lo_desc.dtype, INTERP))
+                        else:
+                            _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                     elif DUAL:
                         for i in tl.static_range(L):    # unrolled: every entry's loads issue up front
                             i_ok = i <= n
@@ -1285,7 +1298,11 @@ def _gdn_flush_step_kernel(
                                 wrun = tl.where(i_ok, wrun * tl.exp(tl.load(gb_ptr + ei_, mask=i_ok, other=0.0)
                                                                     .to(tl.float32)), wrun)
                         S = wrun * S + F
-                    _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
+                    if ST_TMA:
+                        hi_desc.store([((slot64 * HV + h) * DV + r0 + jr * BLOCK_R).to(tl.int32), 0],
+                                      cast(S, hi_desc.dtype, INTERP))
+                    else:
+                        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
 
 
 @triton.jit
@@ -1968,12 +1985,19 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     # TMA (a row's or config's F_TMA; the matrix-product fold of 16/32-bit high copies, as timed;
     # the rank-1 fold took 202 registers with it): the high chunks through a descriptor where the
     # state and GPU allow it
-    descs = None
+    descs = lo_desc = None
     if fc.get("TMA") and _fold_mma_fits(rs, fc, fm["BLOCK_R"]):
         descs = tma_rows(rs.hi.data, dk, [(fm["BLOCK_R"], fc["BLOCK_K"])], "F_TMA", None)
+    # ST_TMA: the stores too, where every chunk lies inside its head (a bulk store writes the
+    # whole box: no row mask) and the low copy, if any, is a 16-bit one (fp8 stores scales too)
+    st_tma = bool(fc.get("ST_TMA") and descs and dv % (fm["BLOCK_R"] * fm["NR"]) == 0)
+    if st_tma and dual:
+        lo_desc = tma_rows(rs.lo.data, dk, [(fm["BLOCK_R"], fc["BLOCK_K"])], "F_ST_TMA", None)
+        st_tma = lo_desc is not None or rs.lo.scale is not None
     args = [q, o, idx, nxt, *ck, *buf, rs.cursor, descs[0] if descs else rs.hi.data,
-            *_strides(q, o, dims=2), scale, rs.flush_period, batch]
+            lo_desc[0] if lo_desc else ck[2], *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"], TMA=bool(descs),
+                ST_TMA=st_tma, P_T=bool(fc.get("P_T")),
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                 HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)

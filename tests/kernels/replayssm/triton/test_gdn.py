@@ -36,6 +36,8 @@ ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float8_e4m3fn
 TINY = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=5)
 GQA = I.GDNShape(num_k_heads=2, num_v_heads=4, head_k_dim=12, head_v_dim=10)   # 2 value heads per key head
 TALL = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=24, head_v_dim=40)    # several row tiles / dk chunks
+# rows a multiple of 16: the flush step's chunks lie inside their heads (its TMA stores, ST_TMA)
+EVEN = I.GDNShape(num_k_heads=2, num_v_heads=4, head_k_dim=24, head_v_dim=32)
 # forces several dv tiles and buffer chunks at the tiny shapes (on CUDA too)
 SMALL_TILES = {"BLOCK_V": 4, "BLOCK_L": 2}
 
@@ -231,6 +233,21 @@ REPLAY_CASES = [
       "F_FOLD_PREC": "bf16x3e"}),
     ("f32-gqa-split-foldmma-bf16x3e", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_FOLD_PREC": "bf16x3e"}),
+    # session 25: the flush step's stores through TMA too (ST_TMA: high copy, 16-bit low copy; an
+    # fp8 low copy keeps its pointer stores), pipelined; the dual product S_0 Kb^T with the state
+    # chunk as the second operand (P_T)
+    ("f32-even-split-tma-flush-st", EVEN, "replay", "float32", None, torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True}),
+    ("bf16-state-even-split-tma-flush-st", EVEN, "replay", "bfloat16", None, torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True}),
+    ("dual-bf16-even-split-tma-flush-st", EVEN, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True,
+      "F_num_stages": 2, "F_P_PREC": "bf16x3e", "F_FOLD_PREC": "bf16x3e"}),
+    ("dual-bf16-even-split-flush-pt", EVEN, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True, "F_P_T": True,
+      "F_P_PREC": "bf16x3e"}),
+    ("dual-fp8-even-split-tma-flush-st", EVEN, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
+     {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True}),
     # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
     ("f32-tall-split-rank1", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
@@ -386,6 +403,18 @@ def test_table_rows_read_through_tma(mode, sd, lo, batch):
     plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"])
     assert plans[0][3]["TMA"] is True and plans[1][3]["TMA"] is True     # the flush step's high chunks too
     assert random_steps(rs, rr, sh, slots, batch, torch.bfloat16, g, 4) >= 3
+
+
+@pytest.mark.parametrize("sh,lo,cfg,st", [(EVEN, "bfloat16", {"F_NR": 2}, True), (EVEN, "float8_e4m3", {}, True),
+                                          (TALL, "bfloat16", {"F_NR": 2}, False), (EVEN, "bfloat16", {"F_TMA": False}, False)],
+                         ids=["inside-heads", "fp8-low", "chunk-past-dv", "no-tma-loads"])
+def test_flush_step_stores_through_tma_only_where_chunks_fit(sh, lo, cfg, st):
+    # a bulk store writes its whole box: only where every chunk of a program lies inside its head
+    # (dv a multiple of the rows a program covers), and only beside the TMA loads' descriptor
+    rs, _ = make_pair(sh, 4, 6, 4, "dual", "float32", lo, torch.bfloat16, gen(3))
+    meta = flush_step_meta(rs, sh, {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": True, "F_TMA": True,
+                                    "F_ST_TMA": True, **cfg})
+    assert meta["ST_TMA"] is st
 
 
 def test_tma_rows_falls_back_where_tma_cannot_read():
