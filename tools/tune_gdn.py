@@ -552,6 +552,15 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(F_num_stages=2, F_ST_TMA=True, F_PF=0), dict(F_num_stages=2, F_ST_TMA=True, F_PF=1),
              dict(F_num_stages=3, F_ST_TMA=True))], b, ("q122b", "q4b"))
             for m in ("dual-bf16", "dual-fp8") for b in (64, 128, 256, 512)},
+         # tune_gdn_s25a.txt: the stores through TMA with the loop pipelined at depth 3 fastest at every batch
+         # (Qwen3.5-122B dual bf16 b256 249.3 vs 252.4 us, b512 479.4 vs 488.7; dual fp8 b512 385.4 vs
+         # 400.7); ST_TMA alone or at depth 2 slower or equal. Around it: depth 3 without ST_TMA, depth 4,
+         # without hints, L2 hints
+         **{f"dualflush6-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
+             dict(F_num_stages=3, F_ST_TMA=True), dict(F_num_stages=3), dict(F_num_stages=4, F_ST_TMA=True),
+             dict(F_num_stages=3, F_ST_TMA=True, F_PF=0), dict(F_num_stages=3, F_ST_TMA=True, F_PF=1))],
+                                 b, ("q122b", "q4b"))
+            for m in ("dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)},
          # the non-dual flush step's stores through TMA (bf16 state: 96 registers instead of 127; fp32 128
          # either way, 38-41 KiB of shared memory instead of 22-25)
          **{f"flushst-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
