@@ -546,7 +546,9 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # with TMA the next chunk's copy waits in shared memory, not registers). sm_90 registers /
          # shared memory (offline, b256): table 255 / 14 KiB; ST_TMA 255 / 18 KiB (under a 168 budget
          # 80 bytes of spill vs 112); stages 2 255 (16-byte spill) / 22 KiB; stages 2 + ST_TMA 255 / 28 KiB,
-         # no spill; P_T (the state chunk as the second MMA operand) spills more: not timed
+         # no spill. (The product S_0 Kb^T with the state chunk as the MMA's second operand, so that each
+         # warp would hold only its rows: 255 with an 8-byte spill, 240-292 bytes under a 168 budget;
+         # not timed, removed)
          **{f"dualflush5-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
              dict(F_ST_TMA=True), dict(F_num_stages=2), dict(F_num_stages=2, F_ST_TMA=True),
              dict(F_num_stages=2, F_ST_TMA=True, F_PF=0), dict(F_num_stages=2, F_ST_TMA=True, F_PF=1),
@@ -561,6 +563,13 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(F_num_stages=3, F_ST_TMA=True, F_PF=0), dict(F_num_stages=3, F_ST_TMA=True, F_PF=1))],
                                  b, ("q122b", "q4b"))
             for m in ("dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)},
+         # tune_gdn_s25b.txt: depth 3 with the TMA stores and no hints fastest everywhere (shipped). With it,
+         # programs of 4 warps compile without spills (sm_90, b256: 32-row chunks 255 registers, 66 KiB; 16-row
+         # chunks 246, 36 KiB), where session 22 had them slower (32 x 8 warps 466.5 vs 263.4 us); register
+         # budgets spill 88-384 bytes (192-128): not timed
+         **{f"dualflush7-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, **o) for o in (
+             dict(F_BLOCK_V=32, F_num_warps=4, F_NR=4), dict(F_BLOCK_V=16, F_num_warps=4))], b, ("q122b", "q4b"))
+            for b in (128, 256, 512)},
          # the non-dual flush step's stores through TMA (bf16 state: 96 registers instead of 127; fp32 128
          # either way, 38-41 KiB of shared memory instead of 22-25)
          **{f"flushst-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (

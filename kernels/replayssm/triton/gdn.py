@@ -45,7 +45,7 @@ from ..state import CURSOR_MASK, FP8_MAX, LO_STALE, GDNReplayState
 from .common import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
     prefetch_hint
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
-from .mma import exact_b_holds, mm, mm_rsplit, mma_acc, mma_precision, split_precision
+from .mma import exact_b_holds, mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
 _TICKET = tl.constexpr(1 << 16)
@@ -91,6 +91,10 @@ _DUAL_FLUSH = {"HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "SMALL_PREC": "
 # the dual flush step since session 22: its products against the raw keys as three bf16 terms
 # ("bf16x3e", where the keys are bf16 / fp8) and no software pipelining of the chunk loop
 _DUAL_FLUSH_X3E = dict(_DUAL_FLUSH, P_PREC="bf16x3e", FOLD_PREC="bf16x3e", num_stages=1, TMA=True)
+# Session 25: the folded chunks go out through TMA too (ST_TMA: the high copy and a 16-bit low
+# copy), and the chunk loop is software-pipelined at depth 3 (Triton's pipeliner: the next
+# chunks' TMA copies wait in shared memory, 37 KiB, not in registers), without prefetch hints
+_DUAL_FLUSH_ST = dict(_DUAL_FLUSH_X3E, num_stages=3, ST_TMA=True, PF=0)
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager: 4 rows x 1 warp at every batch. Session 17 (tune_gdn_s17a-c.txt), us, Qwen3.5-122B /
     # Qwen3.5-4B, against the rows it replaces (8 x 2 warps at batch 5-64, 16 x 1 above): b8 18.1 /
@@ -232,10 +236,19 @@ CONFIGS: dict[str, list[tuple]] = {
     # 59.4 / 74.9, Qwen3.5-122B b64 (4096) 97.1 / 91.9 / 84.6 / 98.1, Qwen3.5-4B b128 (4096) 94.1 /
     # 88.5 / 81.7 / 95.0, Qwen3.5-122B b128 (8192) 170.0 / 157.9 / 145.2 / 138.9: two chunks (no
     # hints, as timed) from 1025 to 2048
-    "flush_step_dual": [(1024, 16, 2, dict(_DUAL_FLUSH_X3E, NR=1, PF=0)),
-                        (2048, 16, 2, dict(_DUAL_FLUSH_X3E, NR=2, PF=0)),
-                        (4096, 16, 2, dict(_DUAL_FLUSH_X3E, NR=4, PF_DIST=1)),
-                        (None, 16, 2, dict(_DUAL_FLUSH_X3E, NR=8, PF_DIST=1))],
+    # Session 25: the stores through TMA and the loop pipelined at depth 3, without hints
+    # (_DUAL_FLUSH_ST). Whole step, us, the rows before vs these, Qwen3.5-122B / Qwen3.5-4B
+    # (tune_gdn_s25b.txt; _s25a.txt alike): dual bf16 b32 46.5 / 29.5 vs 44.9 / 29.0, b64 76.5 /
+    # 47.1 vs 74.0 / 45.6, b128 130.5 / 78.0 vs 125.2 / 75.8, b256 252.4 / 138.5 vs 243.5 / 133.8,
+    # b512 489.2 / 270.5 vs 468.3 / 259.9; dual fp8 (the low copy stored through pointers) b128
+    # 109.5 / 65.0 vs 103.6 / 62.7, b256 207.1 / 113.0 vs 193.2 / 106.9, b512
+    # 399.0 / 218.3 vs 371.5 / 205.9. Each part alone is worth less: the TMA stores alone slower
+    # (b256 259.0 / 141.8), depth 3 alone 250.0 / 137.0, both with the hints 249.6 / 137.0; depth 2
+    # or 4 no better; L2 hints (PF 1) 240.8 at Qwen3.5-122B b256 but 137.0 at Qwen3.5-4B
+    "flush_step_dual": [(1024, 16, 2, dict(_DUAL_FLUSH_ST, NR=1)),
+                        (2048, 16, 2, dict(_DUAL_FLUSH_ST, NR=2)),
+                        (4096, 16, 2, dict(_DUAL_FLUSH_ST, NR=4)),
+                        (None, 16, 2, dict(_DUAL_FLUSH_ST, NR=8))],
     # the speculative commit (plan_commit), fp32 states: the flush step's fold over up to K + T - 1
     # entries (32-entry tiles at T <= 16), a whole head per program, over the rows the cursor launch
     # lists (COMPACT), the fold's fp32 side split by truncation (FOLD_SPLIT). T4 verify + commit round
@@ -1094,7 +1107,7 @@ def _gdn_flush_step_kernel(
     FOLD_MMA: tl.constexpr = False, BLOCK_L: tl.constexpr = 16, FOLD_PREC: tl.constexpr = "tf32x3",
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
     WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, GDC: tl.constexpr = False,
-    TMA: tl.constexpr = False, ST_TMA: tl.constexpr = False, P_T: tl.constexpr = False,
+    TMA: tl.constexpr = False, ST_TMA: tl.constexpr = False,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -1144,8 +1157,6 @@ def _gdn_flush_step_kernel(
     out through hi_desc too and, dual with a 16-bit low copy, the low copy's through lo_desc
     (its descriptor, same block): a shared-memory write and one bulk copy per chunk instead
     of a layout conversion and a [rows, dk] tile of addresses per store.
-    P_T (dual): S_0 Kb^T as (Kb S_0^T)^T (mma.mm_rsplit): the state chunk becomes the MMA's
-    second operand, so each warp holds its own rows of it rather than the whole chunk.
     """
     gdc_wait_prior(GDC)
     gdc_release(GDC)
@@ -1244,10 +1255,7 @@ def _gdn_flush_step_kernel(
                     if DUAL and FOLD_MMA:
                         V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
                                     other=0.0).to(tl.float32)                      # [rows, BL] raw v
-                        if P_T:
-                            P = tl.trans(mm_rsplit(kb, tl.trans(S), P_PREC, INTERP))
-                        else:
-                            P = mm(S, tl.trans(kb), P_PREC, INTERP)                   # S_0 k_i (raw keys)
+                        P = mm(S, tl.trans(kb), P_PREC, INTERP)                       # S_0 k_i (raw keys)
                         R_ = bl[None, :] * (V - rc[None, :] * P)
                         U = R_ + mm(R_, X, SMALL_PREC, INTERP)                     # R (I + M)^-1
                         S = tl.exp(Cn) * S + mm(U * wl[None, :], kb, FOLD_PREC, INTERP)
@@ -1997,7 +2005,7 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     args = [q, o, idx, nxt, *ck, *buf, rs.cursor, descs[0] if descs else rs.hi.data,
             lo_desc[0] if lo_desc else ck[2], *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"], TMA=bool(descs),
-                ST_TMA=st_tma, P_T=bool(fc.get("P_T")),
+                ST_TMA=st_tma,
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                 HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)

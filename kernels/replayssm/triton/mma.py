@@ -130,28 +130,6 @@ def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
-def mm_rsplit(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
-    """a @ b -> float32 with the roles of mm's operands swapped: a is the operand exact in bf16
-    and b the fp32 one that "bf16x3e" splits (three bf16 terms of b, a as the bf16 operand);
-    other precisions as mm. For a product whose fp32 side is better placed as the MMA's second
-    operand: with the warps splitting the output's columns, each warp holds only its own
-    columns of b, where as the first operand every warp would hold all of a."""
-    if (PREC == "bf16x3e") and not EXACT:
-        hi, mid, lo = bf16_split3(b.to(tl.float32))
-        a16 = a.to(tl.bfloat16)
-        r = tl.dot(a16, hi, tl.dot(a16, mid, tl.dot(a16, lo, tl.zeros([a.shape[0], b.shape[1]], tl.float32))))
-    elif PREC == "bf16x3e":   # the CPU interpreter mis-evaluates bf16 dots: the terms' products in fp32
-        hi, mid, lo = bf16_split3(b.to(tl.float32))
-        a32 = a.to(tl.float32)
-        r = tl.dot(a32, lo.to(tl.float32), input_precision="ieee")
-        r = tl.dot(a32, hi.to(tl.float32), tl.dot(a32, mid.to(tl.float32), r, input_precision="ieee"),
-                   input_precision="ieee")
-    else:
-        r = mm(a, b, PREC, EXACT)
-    return r
-
-
-@triton.jit
 def mm(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
     """a @ b -> float32 at precision PREC (module doc)."""
     if (PREC == "tf32x2t") or (PREC == "tf32x3t") or (PREC == "bf16x2") or (PREC == "bf16x3e"):

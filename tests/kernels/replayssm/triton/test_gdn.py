@@ -234,8 +234,7 @@ REPLAY_CASES = [
     ("f32-gqa-split-foldmma-bf16x3e", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_FOLD_PREC": "bf16x3e"}),
     # session 25: the flush step's stores through TMA too (ST_TMA: high copy, 16-bit low copy; an
-    # fp8 low copy keeps its pointer stores), pipelined; the dual product S_0 Kb^T with the state
-    # chunk as the second operand (P_T)
+    # fp8 low copy keeps its pointer stores), pipelined
     ("f32-even-split-tma-flush-st", EVEN, "replay", "float32", None, torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True}),
     ("bf16-state-even-split-tma-flush-st", EVEN, "replay", "bfloat16", None, torch.bfloat16, 6, 4,
@@ -243,9 +242,6 @@ REPLAY_CASES = [
     ("dual-bf16-even-split-tma-flush-st", EVEN, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True,
       "F_num_stages": 2, "F_P_PREC": "bf16x3e", "F_FOLD_PREC": "bf16x3e"}),
-    ("dual-bf16-even-split-flush-pt", EVEN, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
-     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 2, "F_FOLD_MMA": True, "F_P_T": True,
-      "F_P_PREC": "bf16x3e"}),
     ("dual-fp8-even-split-tma-flush-st", EVEN, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True}),
     # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
@@ -342,7 +338,8 @@ def test_flush_step_key_products_by_key_dtype(act, want):
     """want: (FOLD_PREC, dual P_PREC). The flush step's products against the raw keys (dual:
     S_0 Kb^T, P_PREC; every fold: FOLD_PREC) take three bf16 terms of the fp32 side ("bf16x3e")
     only where the keys are exact in bf16; fp16 / fp32 keys fall back to the truncation split /
-    Triton's "tf32x3". The dual rows run without software pipelining."""
+    Triton's "tf32x3". The dual rows pipeline their chunk loop at depth 3 (session 25; before,
+    with pointer loads, at depth 1) and store through TMA."""
     from replayssm.triton import gdn as TK
     Hk, Hv, dk, dv, batch = 16, 64, 128, 128, 256
     e = lambda *s, dt=act: torch.empty(batch, *s, dtype=dt, device="meta")
@@ -354,7 +351,7 @@ def test_flush_step_key_products_by_key_dtype(act, want):
         assert meta["FOLD_MMA"] and meta["FOLD_PREC"] == want[0], (mode, sd)
         if mode == "dual":
             assert meta["P_PREC"] == want[1]
-            assert meta["num_stages"] == 1
+            assert meta["num_stages"] == 3 and meta["ST_TMA"] is True
 
 
 def random_steps(rs, rr, sh, slots: int, batch: int, act, g, steps: int, cfg=None, what: str = "") -> int:
@@ -397,11 +394,14 @@ def test_table_rows_read_through_tma(mode, sd, lo, batch):
     from replayssm.triton import gdn as TK
     g = gen(13)
     slots, K = batch + 4, 3
-    sh = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=32, head_v_dim=40)   # rows of 8-bit words: 32 B
+    # (rows of 8-bit words: 32 B; heads of 48 rows, a whole number of the dual flush step's 16-row
+    # chunks, which since session 25 store through TMA too)
+    sh = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=32, head_v_dim=48)
     rs, rr = make_pair(sh, slots, 4, K, mode, sd, lo, torch.bfloat16, g)
     x = step_inputs(sh, batch, torch.bfloat16, g)
     plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"])
     assert plans[0][3]["TMA"] is True and plans[1][3]["TMA"] is True     # the flush step's high chunks too
+    assert plans[1][3]["ST_TMA"] is (mode == "dual")
     assert random_steps(rs, rr, sh, slots, batch, torch.bfloat16, g, 4) >= 3
 
 
