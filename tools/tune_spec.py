@@ -147,6 +147,8 @@ MAMBA2_VARIANTS: dict[str, dict] = {
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
 # OVERRIDE["fold"] of the commit (COMMIT_FOLD: the rank-1 fold kernel; F_<key>: the flush step's
 # "commit" / "commit_dual" table row).
+# the table's balanced commit fold (replayssm.triton.gdn._BALANCED_COMMIT), as variants start from it
+_BAL = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF": 0}
 GDN_VARIANTS: dict[str, dict] = {
     "default": {},
     # the packed [k | q] draft operand (session 9) freed registers (sm_90, Qwen3.5-122B T4: fp32 64x2w
@@ -270,6 +272,14 @@ GDN_VARIANTS: dict[str, dict] = {
     "commit-tma-st": {"fold": dict(F_TMA=True, F_ST_TMA=True)},
     "commit-tma-st-nobal": {"fold": dict(F_TMA=True, F_ST_TMA=True, F_BALANCED=None)},
     "commit-tma-st2": {"fold": dict(F_TMA=True, F_ST_TMA=True, F_num_stages=2)},
+    # tune_spec_s25a.txt: no gain at Qwen3.5-4B b128, which takes the balanced fold (the variants
+    # above reached only the flush step). The balanced fold through TMA (its loop over a segment's
+    # own chunks, which the pipeliner can run ahead; sm_90: 165-166 registers under its 168 budget,
+    # 16-29 KiB of shared memory), with the stores through TMA, at depths 3 (Triton's default) / 2
+    "bal-tma": {"fold": dict(F_BALANCED=dict(_BAL, TMA=True))},
+    "bal-tma-st": {"fold": dict(F_BALANCED=dict(_BAL, TMA=True, ST_TMA=True))},
+    "bal-tma-st2": {"fold": dict(F_BALANCED=dict(_BAL, TMA=True, ST_TMA=True, num_stages=2))},
+    "bal-tma-st-any": {"fold": dict(F_BALANCED=dict(_BAL, TMA=True, ST_TMA=True, max_hv=64))},   # Qwen3.5-122B too
     "bal5-r192-pf0": {"fold": dict(F_BALANCED={"per_sm": 5, "maxnreg": 192, "PF": 0})},
     "bal-any-t": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "max_hv": 32})},   # T > 4 too
     # session 15: the round's launches as programmatic dependents (gdn.PDL): off, side by side

@@ -1337,12 +1337,33 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
 
 
 @triton.jit
+def _balanced_tma_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl, kf,
+                        HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BLOCK_R: tl.constexpr,
+                        FOLD_PREC: tl.constexpr, ST_TMA: tl.constexpr, INTERP: tl.constexpr):
+    """_gdn_commit_balanced_kernel's fold of chunk c of value head h through TMA: S = eC S_c +
+    (U * w) Kb, the chunk loaded through hi_desc and stored through it (ST_TMA) or pointers."""
+    rr = c * BLOCK_R + ar
+    r0 = ((slot64 * HV + h) * DV + c * BLOCK_R).to(tl.int32)
+    S = hi_desc.load([r0, 0]).to(tl.float32)
+    U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
+    S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
+    if ST_TMA:
+        hi_desc.store([r0, 0], cast(S, hi_desc.dtype, INTERP))
+    else:
+        row = (slot64 * HV + h) * DV + rr
+        rm = rr < DV
+        _ckpt_store(hi_ptr, hi_ptr, row[:, None] * DK + cols[None, :], row, S, rm[:, None] & cmask[None, :], rm,
+                    False, INTERP)
+
+
+@triton.jit
 def _gdn_commit_balanced_kernel(
-    lst_ptr, idx_ptr, hi_ptr, ub_ptr, kb_ptr, gb_ptr, batch,
+    lst_ptr, idx_ptr, hi_ptr, ub_ptr, kb_ptr, gb_ptr, hi_desc, batch,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, NSEG: tl.constexpr,
     PF: tl.constexpr, PF_DIST: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr,
     FOLD_PREC: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, GDC: tl.constexpr = False,
+    TMA: tl.constexpr = False, ST_TMA: tl.constexpr = False,
 ):
     """Fold of a speculative commit (non-dual states, a 16- or 32-bit high copy), balanced over
     a fixed grid: the second launch after _gdn_commit_cursor_kernel (COMPACT), which listed the
@@ -1361,7 +1382,10 @@ def _gdn_commit_balanced_kernel(
     Loops have constexpr trip counts (NSEG segments of at most NC chunks, guarded), as the
     grid and shapes do: CUDA-graph safe. GDC: launched as a programmatic dependent of the
     cursor launch, it waits for it before any load, then lets a programmatic dependent behind
-    it start early (the next layer's commit, in a model)."""
+    it start early (the next layer's commit, in a model).
+    TMA (session 25): the chunks come through hi_desc (the high copy as [rows, DK], block
+    [BLOCK_R, BLOCK_K]) in a loop over the segment's own chunks, which Triton's pipeliner can
+    run ahead (num_stages); ST_TMA (heads of whole chunks): the folded chunks go out through it."""
     gdc_wait_prior(GDC)
     gdc_release(GDC)
     NC: tl.constexpr = (DV + BLOCK_R - 1) // BLOCK_R
@@ -1394,20 +1418,30 @@ def _gdn_commit_balanced_kernel(
             _, kf, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)
             _, Cn, wl = _fold_decays(gb_ptr, ent * HV + h, lm, rk)
             eC = tl.exp(Cn)
-            for c in range(NC):
-                if (c >= c_lo) & (c < c_hi):
-                    if c + PF_DIST < c_hi:
-                        _hint_chunk(hi_ptr, slot64, h, 0, c + PF_DIST, ar, HV, DV, DK, NC, BLOCK_R, HI_LPR, HI_LS,
-                                    PF, INTERP)
-                    rr = c * BLOCK_R + ar
-                    rm = rr < DV
-                    row = (slot64 * HV + h) * DV + rr
-                    tile = row[:, None] * DK + cols[None, :]
-                    m2 = rm[:, None] & cmask[None, :]
-                    S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
-                    U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
-                    S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
-                    _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
+            if TMA and not INTERP:   # (the interpreter takes no tensor loop bounds)
+                for c in range(c_lo.to(tl.int32), c_hi.to(tl.int32)):
+                    _balanced_tma_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl, kf,
+                                        HV, DV, DK, BLOCK_R, FOLD_PREC, ST_TMA, INTERP)
+            elif TMA:
+                for c in range(NC):
+                    if (c >= c_lo) & (c < c_hi):
+                        _balanced_tma_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl,
+                                            kf, HV, DV, DK, BLOCK_R, FOLD_PREC, ST_TMA, INTERP)
+            else:
+                for c in range(NC):
+                    if (c >= c_lo) & (c < c_hi):
+                        if c + PF_DIST < c_hi:
+                            _hint_chunk(hi_ptr, slot64, h, 0, c + PF_DIST, ar, HV, DV, DK, NC, BLOCK_R, HI_LPR, HI_LS,
+                                        PF, INTERP)
+                        rr = c * BLOCK_R + ar
+                        rm = rr < DV
+                        row = (slot64 * HV + h) * DV + rr
+                        tile = row[:, None] * DK + cols[None, :]
+                        m2 = rm[:, None] & cmask[None, :]
+                        S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
+                        U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
+                        S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
+                        _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
 
 
 # ----------------------------------------------------------------------------- low-copy refresh
@@ -2264,11 +2298,13 @@ def _plan_commit_balanced(rs: GDNReplayState, idx, lst, batch: int, fc: dict):
     most = max(1, triton.cdiv(batch * Hv * nc, nprog))          # chunks a program folds, at most
     hi_lpr, hi_ls = cache_lines(rs.hi.data, dk)
     fm = replay_meta(fc, rs.capacity, dv, 1)
-    args = [lst, idx, rs.hi.data, rs.u, rs.k, rs.g, batch]
+    descs = tma_rows(rs.hi.data, dk, [(br, fc["BLOCK_K"])], "F_TMA", None) if fc.get("TMA") else None
+    args = [lst, idx, rs.hi.data, rs.u, rs.k, rs.g, descs[0] if descs else rs.hi.data, batch]
     meta = dict(HV=Hv, HK=rs.k.shape[2], DK=dk, DV=dv, L=rs.capacity, BLOCK_R=br, BLOCK_K=fc["BLOCK_K"],
                 BLOCK_L=max(16, triton.next_power_of_2(rs.capacity)), NSEG=triton.cdiv(most - 1, nc) + 1,
                 PF=fm["PF"], PF_DIST=fm["PF_DIST"], HI_LPR=hi_lpr, HI_LS=hi_ls, FOLD_PREC=_fold_precision(rs, fc),
-                INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"])
+                INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"], TMA=bool(descs),
+                ST_TMA=bool(descs and fc.get("ST_TMA") and dv % br == 0))
     _launch_options(meta, fc)
     return _gdn_commit_balanced_kernel, (nprog,), args, meta
 

@@ -843,6 +843,14 @@ VERIFY_CASES = [
      {"F_BALANCED": {"per_sm": 2, "BLOCK_V": 16}}),
     ("commit-balanced-bf16-state-T4", TALL, "replay", "bfloat16", None, torch.bfloat16, 4, 4, 8,
      {"F_BALANCED": {"per_sm": 1, "max_hv": 2}, "F_BLOCK_V": 16}),
+    # the balanced fold's chunks through TMA (session 25): the pointer stores of a head with a
+    # partial last chunk (dv 40), TMA stores of whole-chunk heads (EVEN, dv 32), a bf16 state
+    ("commit-balanced-tma-f32-T3", TALL, "replay", "float32", None, torch.bfloat16, 3, 4, 7,
+     {"F_BALANCED": {"per_sm": 1, "TMA": True, "ST_TMA": True}, "F_BLOCK_V": 16}),
+    ("commit-balanced-tma-st-f32-T2", EVEN, "replay", "float32", None, torch.bfloat16, 2, 3, 5,
+     {"F_BALANCED": {"per_sm": 2, "TMA": True, "ST_TMA": True}, "F_BLOCK_V": 16}),
+    ("commit-balanced-tma-st-bf16-state-T4", EVEN, "replay", "bfloat16", None, torch.bfloat16, 4, 4, 8,
+     {"F_BALANCED": {"per_sm": 1, "max_hv": 4, "TMA": True, "ST_TMA": True, "num_stages": 2}, "F_BLOCK_V": 16}),
     # truncation-split products (mma.py "tf32x2t" state x raw keys, "tf32x3t" small products)
     ("trunc-split-f32-gqa-T4", GQA, "replay", "float32", None, torch.bfloat16, 4, 3, 7,
      {"S_PREC": "tf32x2t", "SMALL_PREC": "tf32x3t"}),
