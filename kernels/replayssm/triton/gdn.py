@@ -268,14 +268,20 @@ CONFIGS: dict[str, list[tuple]] = {
     # "tf32x2t" vs "bf16x3e" (tune_spec_s22b.txt, _s22c.txt): b128 Qwen3.5-4B 137.3 vs 134.7,
     # Qwen3.5-122B 247.2 vs 245.6; b256 253.0 vs 250.4, 471.0 vs 467.3; but b32 (the 32 x 4 row)
     # Qwen3.5-122B 75.5 vs 76.1, so batch <= 64 keeps "tf32x2t"
+    # Session 25, above batch 64: the fold's chunks loaded and stored through TMA (TMA, ST_TMA; in the
+    # balanced fold too, over a loop of the segment's own chunks). T4 round, us, before vs with
+    # (tune_spec_s25b.txt, _s25c.txt): Qwen3.5-4B (the balanced fold) b128 134.75 vs 133.52, b256
+    # 250.34 vs 247.95; Qwen3.5-122B (the flush step's fold) b128 245.51 vs 243.76 (_s25a: 245.48 vs
+    # 243.73), b256 467.0 either way. sm_90 at b128: 157 registers under the 160 budget (146 without
+    # TMA; TMA loads alone: 160 and an 8-byte spill), the balanced fold 166 of its 168
     "commit":   [(64, 32, 4, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                               "FOLD_SPLIT": True}),
                  (128, 16, 2, {"NR": 4, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                                "FOLD_SPLIT": True, "FOLD_PREC": "bf16x3e", "maxnreg": 160,
-                               "BALANCED": _BALANCED_COMMIT}),
+                               "BALANCED": _BALANCED_COMMIT, "TMA": True, "ST_TMA": True}),
                  (None, 16, 2, {"NR": 8, "HP": 1, "PF": 2, "PF_DIST": 2, "FOLD_MMA": True, "COMPACT": True,
                                 "FOLD_SPLIT": True, "FOLD_PREC": "bf16x3e", "maxnreg": 160,
-                                "BALANCED": _BALANCED_COMMIT})],
+                                "BALANCED": _BALANCED_COMMIT, "TMA": True, "ST_TMA": True})],
     # Dual states: the two-pass kernel (_gdn_dual_2pass_kernel), a whole head per program on 4
     # warps in 16-column dk steps: T4 verify + commit round, Qwen3.5-122B b256 dual bf16, 558 us vs
     # 633 with the rank-1 fold kernel, 600 (64 rows x 4 warps), 632 (128 x 8 warps), 805 (32 x 4)

@@ -618,6 +618,7 @@ def test_commit_route_plan():
     # the fold's fp32 side as three bf16 terms against bf16 keys; split by truncation for keys not
     # exact in bf16: two passes for fp16 keys (exact in tf32), three for fp32
     assert step[3]["FOLD_PREC"] == "bf16x3e"
+    assert step[3]["TMA"] and step[3]["ST_TMA"]                  # chunks in and out through TMA (session 25)
     small = TK.plan_commit(rs("replay"), torch.empty(64, dtype=torch.int32, device="meta"), None)[1][3]
     assert small["FOLD_PREC"] == "tf32x2t"                       # batch <= 64: the truncation split
     for act, want in ((torch.float16, "tf32x2t"), (torch.float32, "tf32x3t")):
@@ -642,6 +643,9 @@ def test_commit_route_plan():
     snap, bal = TK.plan_commit(small, acc, None)
     assert (snap[0], bal[0], bal[1]) == (TK._gdn_commit_cursor_kernel, TK._gdn_commit_balanced_kernel, (792,))
     assert (bal[3]["NSEG"], bal[3]["BLOCK_R"], bal[3]["maxnreg"], bal[3]["PF"]) == (12, 16, 168, 0)
+    # above batch 64 the folds' chunks come and go through TMA (session 25), balanced or not
+    assert bal[3]["TMA"] and bal[3]["ST_TMA"]
+    assert TK.plan_commit(small, acc, None, {"F_BALANCED": None})[1][3]["ST_TMA"] is True
     assert TK.plan_commit(GDNReplayState.allocate(64, Hk, 32, dk, dv, K + T, K, device="meta"),
                           acc[:64], None)[1][0] is TK._gdn_flush_step_kernel        # batch <= 64: the flush step
     assert TK.plan_commit(GDNReplayState.allocate(batch, Hk, 32, dk, dv, K + 6, K, device="meta"),
