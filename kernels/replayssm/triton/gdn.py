@@ -1069,8 +1069,9 @@ def _ranked_key(bb, nb, fl, rank, r):
 
 @triton.jit
 def _ranked_slot(sl, fl, rank, r):
-    """The state slot of the flushing row of rank r (-1: none), from _scan_flushing."""
-    return tl.max(tl.where(fl & (rank == r), sl, -1), 0)
+    """The state slot of the flushing row of rank r (-1: none), from _scan_flushing, as int32
+    whatever the index dtype (int64 state indices too: the callers' loop-carried value is int32)."""
+    return tl.max(tl.where(fl & (rank == r), sl, -1), 0).to(tl.int32)
 
 
 @triton.jit
