@@ -280,6 +280,8 @@ GDN_VARIANTS: dict[str, dict] = {
     "bal-tma-st": {"fold": dict(F_BALANCED=dict(_BAL, TMA=True, ST_TMA=True))},
     "bal-tma-st2": {"fold": dict(F_BALANCED=dict(_BAL, TMA=True, ST_TMA=True, num_stages=2))},
     "bal-tma-st-any": {"fold": dict(F_BALANCED=dict(_BAL, TMA=True, ST_TMA=True, max_hv=64))},   # Qwen3.5-122B too
+    # (tune_spec_s25b/c: 1 % faster T4 rounds at b128-256; since d8dc968 the table's commit rows
+    # carry TMA and ST_TMA, so commit-tma, commit-tma-st, bal-tma and bal-tma-st repeat them)
     "bal5-r192-pf0": {"fold": dict(F_BALANCED={"per_sm": 5, "maxnreg": 192, "PF": 0})},
     "bal-any-t": {"fold": dict(F_BALANCED={"per_sm": 6, "maxnreg": 168, "PF": 0, "max_hv": 32})},   # T > 4 too
     # session 15: the round's launches as programmatic dependents (gdn.PDL): off, side by side

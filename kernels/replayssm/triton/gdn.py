@@ -1386,8 +1386,9 @@ def _gdn_commit_balanced_kernel(
     once (w_i = e^{c_n - c_i} / |k_i|, 0 past n), then per chunk
         S = e^{c_n} S_c + (U * w) Kb      (U [rows, BLOCK_L] the stored u, Kb the raw keys)
     as _gdn_flush_step_kernel's FOLD_MMA path, the next chunks hinted (PF) PF_DIST ahead.
-    Loops have constexpr trip counts (NSEG segments of at most NC chunks, guarded), as the
-    grid and shapes do: CUDA-graph safe. GDC: launched as a programmatic dependent of the
+    Loops have constexpr trip counts (NSEG segments of at most NC chunks, guarded; the TMA
+    path's chunk loop runs between bounds computed on the device), as the grid and shapes do:
+    CUDA-graph safe. GDC: launched as a programmatic dependent of the
     cursor launch, it waits for it before any load, then lets a programmatic dependent behind
     it start early (the next layer's commit, in a model).
     TMA (session 25): the chunks come through hi_desc (the high copy as [rows, DK], block
@@ -2040,9 +2041,9 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
     # ST_TMA: the stores too, where every chunk lies inside its head (a bulk store writes the
     # whole box: no row mask) and the low copy, if any, is a 16-bit one (fp8 stores scales too)
     st_tma = bool(fc.get("ST_TMA") and descs and dv % (fm["BLOCK_R"] * fm["NR"]) == 0)
-    if st_tma and dual:
+    if st_tma and dual and rs.lo.scale is None:      # the 16-bit low copy through its own descriptor
         lo_desc = tma_rows(rs.lo.data, dk, [(fm["BLOCK_R"], fc["BLOCK_K"])], "F_ST_TMA", None)
-        st_tma = lo_desc is not None or rs.lo.scale is not None
+        st_tma = lo_desc is not None
     args = [q, o, idx, nxt, *ck, *buf, rs.cursor, descs[0] if descs else rs.hi.data,
             lo_desc[0] if lo_desc else ck[2], *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"], TMA=bool(descs),
