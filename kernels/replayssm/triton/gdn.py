@@ -1254,9 +1254,9 @@ def _gdn_flush_step_kernel(
                                     INTERP)
                     tile = row[:, None] * DK + cols[None, :]
                     m2 = rm[:, None] & cmask[None, :]
+                    trow = ((slot64 * HV + h) * DV + r0 + jr * BLOCK_R).to(tl.int32)   # TMA: the chunk's row
                     if TMA:
-                        S = hi_desc.load([((slot64 * HV + h) * DV + r0 + jr * BLOCK_R).to(tl.int32), 0])
-                        S = S.to(tl.float32)
+                        S = hi_desc.load([trow, 0]).to(tl.float32)
                     else:
                         S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
                     if DUAL and FOLD_MMA:
@@ -1270,8 +1270,7 @@ def _gdn_flush_step_kernel(
                             o = tl.sum(S * qn[None, :], 1)
                             tl.store(o_ptr + b * sob + h * soh + rr, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rm)
                         if ST_TMA and not LO_FP8:
-                            lo_desc.store([((slot64 * HV + h) * DV + r0 + jr * BLOCK_R).to(tl.int32), 0],
-                                          cast(S, lo_desc.dtype, INTERP))
+                            lo_desc.store([trow, 0], cast(S, lo_desc.dtype, INTERP))
                         else:
                             _ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                     elif DUAL:
@@ -1314,8 +1313,7 @@ def _gdn_flush_step_kernel(
                                                                     .to(tl.float32)), wrun)
                         S = wrun * S + F
                     if ST_TMA:
-                        hi_desc.store([((slot64 * HV + h) * DV + r0 + jr * BLOCK_R).to(tl.int32), 0],
-                                      cast(S, hi_desc.dtype, INTERP))
+                        hi_desc.store([trow, 0], cast(S, hi_desc.dtype, INTERP))
                     else:
                         _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
 
@@ -1344,23 +1342,27 @@ def _gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_p
 
 
 @triton.jit
-def _balanced_tma_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl, kf,
-                        HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BLOCK_R: tl.constexpr,
-                        FOLD_PREC: tl.constexpr, ST_TMA: tl.constexpr, INTERP: tl.constexpr):
-    """_gdn_commit_balanced_kernel's fold of chunk c of value head h through TMA: S = eC S_c +
-    (U * w) Kb, the chunk loaded through hi_desc and stored through it (ST_TMA) or pointers."""
+def _balanced_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl, kf,
+                    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BLOCK_R: tl.constexpr,
+                    FOLD_PREC: tl.constexpr, TMA: tl.constexpr, ST_TMA: tl.constexpr, INTERP: tl.constexpr):
+    """_gdn_commit_balanced_kernel's fold of chunk c of value head h: S = eC S_c + (U * w) Kb,
+    the chunk loaded through hi_desc (TMA) or pointers and stored through it (ST_TMA) or pointers."""
     rr = c * BLOCK_R + ar
-    r0 = ((slot64 * HV + h) * DV + c * BLOCK_R).to(tl.int32)
-    S = hi_desc.load([r0, 0]).to(tl.float32)
+    rm = rr < DV
+    row = (slot64 * HV + h) * DV + rr
+    tile = row[:, None] * DK + cols[None, :]
+    m2 = rm[:, None] & cmask[None, :]
+    trow = ((slot64 * HV + h) * DV + c * BLOCK_R).to(tl.int32)
+    if TMA:
+        S = hi_desc.load([trow, 0]).to(tl.float32)
+    else:
+        S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
     U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
     S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
     if ST_TMA:
-        hi_desc.store([r0, 0], cast(S, hi_desc.dtype, INTERP))
+        hi_desc.store([trow, 0], cast(S, hi_desc.dtype, INTERP))
     else:
-        row = (slot64 * HV + h) * DV + rr
-        rm = rr < DV
-        _ckpt_store(hi_ptr, hi_ptr, row[:, None] * DK + cols[None, :], row, S, rm[:, None] & cmask[None, :], rm,
-                    False, INTERP)
+        _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
 
 
 @triton.jit
@@ -1426,30 +1428,18 @@ def _gdn_commit_balanced_kernel(
             _, kf, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)
             _, Cn, wl = _fold_decays(gb_ptr, ent * HV + h, lm, rk)
             eC = tl.exp(Cn)
-            if TMA and not INTERP:   # (the interpreter takes no tensor loop bounds)
+            if TMA and not INTERP:   # the segment's own chunks (bounds from the device: pipelinable)
                 for c in range(c_lo.to(tl.int32), c_hi.to(tl.int32)):
-                    _balanced_tma_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl, kf,
-                                        HV, DV, DK, BLOCK_R, FOLD_PREC, ST_TMA, INTERP)
-            elif TMA:
-                for c in range(NC):
-                    if (c >= c_lo) & (c < c_hi):
-                        _balanced_tma_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl,
-                                            kf, HV, DV, DK, BLOCK_R, FOLD_PREC, ST_TMA, INTERP)
-            else:
+                    _balanced_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl, kf,
+                                    HV, DV, DK, BLOCK_R, FOLD_PREC, TMA, ST_TMA, INTERP)
+            else:   # (the interpreter takes no tensor loop bounds; its hints are no-ops)
                 for c in range(NC):
                     if (c >= c_lo) & (c < c_hi):
                         if c + PF_DIST < c_hi:
                             _hint_chunk(hi_ptr, slot64, h, 0, c + PF_DIST, ar, HV, DV, DK, NC, BLOCK_R, HI_LPR, HI_LS,
                                         PF, INTERP)
-                        rr = c * BLOCK_R + ar
-                        rm = rr < DV
-                        row = (slot64 * HV + h) * DV + rr
-                        tile = row[:, None] * DK + cols[None, :]
-                        m2 = rm[:, None] & cmask[None, :]
-                        S = _ckpt_load(hi_ptr, hi_ptr, tile, row, m2, rm, False)
-                        U = _u_tile(ub_ptr, ent, h, rr, lm, HV, DV)
-                        S = eC * S + mm(U * wl[None, :], kf, FOLD_PREC, INTERP)
-                        _ckpt_store(hi_ptr, hi_ptr, tile, row, S, m2, rm, False, INTERP)
+                        _balanced_chunk(hi_desc, hi_ptr, ub_ptr, slot64, h, c, ent, lm, ar, cols, cmask, eC, wl, kf,
+                                        HV, DV, DK, BLOCK_R, FOLD_PREC, TMA, ST_TMA, INTERP)
 
 
 # ----------------------------------------------------------------------------- low-copy refresh
