@@ -1,0 +1,73 @@
+"""Timing probe, H200 (session 26): what the GDN dual flush step would take without its
+output rewrite, and under a register budget that this would let it fit.
+
+    source tools/device_env.sh; python3 tools/probe_gdn_flush_step.py     # ~40 s on the GPU machine
+
+The SPLIT replay step's second launch (_gdn_flush_step_kernel) folds the flushing rows and, for
+dual states, rewrites their outputs from the folded high state (WRITE_O). Offline sm_90 compiles
+(session 25) put the dual flush step at 254-255 registers with the rewrite and 168 without it,
+no spill: 6 two-warp programs per SM instead of 4. This probe times, per step and layer, in a
+CUDA graph of K steps over enough layers for 1 GiB of state (tools/tune_gdn.py's states,
+cursors staggered): the output launch alone, the flush step alone as the table plans it, and
+the flush step with WRITE_O off and / or a register budget. WRITE_O off is NOT a correct step
+under the reference's semantics (the flushing rows keep the output launch's, which skips
+them): the outputs are not checked. What it measures is how much the rewrite costs, i.e.
+whether the semantics change that would drop it (flush-step outputs from the low copy, as
+every other step) could pay for the output launch's extra reads of the flushing rows."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import tune_gdn as T  # noqa: E402
+
+VARIANTS = {   # name: (config over the table's row, WRITE_O)
+    "table": ({}, True),
+    "table, maxnreg 168": ({"F_maxnreg": 168}, True),
+    "no WRITE_O": ({}, False),
+    "no WRITE_O, maxnreg 168": ({"F_maxnreg": 168}, False),
+    "no WRITE_O, maxnreg 128": ({"F_maxnreg": 128}, False),
+}
+
+
+def run(model: str, mode: str, batch: int) -> None:
+    _, sd, _, _ = T.MODE[mode]
+    _, Hv = T.MODELS[model]
+    nl = T.layers_for(batch * Hv * 128 * 128 * (4 if sd == "float32" else 2))
+    layers = [T.make_rs(model, mode, batch, seed=11 + i) for i in range(nl)]
+    x = T.inputs(model, batch, 1)
+    idx = torch.arange(batch, dtype=torch.int32, device="cuda")
+    o = torch.empty_like(x["v"])
+    base = [T.plans_for("replay", {}, rs, x, idx, o) for rs in layers]
+    for p in base:       # the scratch (nxt) the flush step reads: one output launch per layer
+        T.launch([p[0]])
+
+    def only(plans, i):
+        def f():
+            for _ in range(T.K):
+                for p in plans:
+                    T.launch([p[i]])
+        return f
+
+    us = T.time_graph(only(base, 0)) / (T.K * nl)
+    print(f"{model} {mode} b{batch} {'output launch only':34s} {us:8.1f} us", flush=True)
+    for name, (cfg, write_o) in VARIANTS.items():
+        plans = [T.plans_for("replay", cfg, rs, x, idx, o) for rs in layers]
+        for p in plans:
+            p[1][3]["WRITE_O"] = write_o
+        try:
+            us = T.time_graph(only(plans, 1)) / (T.K * nl)
+            print(f"{model} {mode} b{batch} flush step, {name:28s} {us:8.1f} us", flush=True)
+        except Exception as e:     # a variant that does not compile is reported, the rest go on
+            print(f"{model} {mode} b{batch} flush step, {name:28s} FAIL {type(e).__name__}: {e}", flush=True)
+    del layers
+    torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    T.COPY = T.copy_ceiling()
+    print(f"copy {T.COPY:.0f} GB/s", flush=True)
+    for case in [("q122b", "dual-bf16", 256), ("q4b", "dual-bf16", 256), ("q122b", "dual-bf16", 512)]:
+        run(*case)
