@@ -215,6 +215,7 @@ def vname(c) -> str:
     opts = "".join(f" {k}{c[k]}" for k in ("maxnreg", "num_stages", "LOOP_STAGES") if c.get(k))
     opts += " tma" if c.get("TMA") else ""
     opts += " call" if c.get("PENDING_CALL") else ""
+    opts += " mma" if c.get("RD_MMA") else ""
     if c.get("EAGER_ROUTE"):
         return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}{opts}"
     if "NR" not in c:
@@ -354,6 +355,16 @@ def _route_list(mode: str, batch: int) -> list[dict]:
 
 # TUNE_MODES names of the focused lists: (mode, configs, batch, models)
 EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) for b in (2, 4, 8)},
+         # session 26: a bf16 read copy's dots as one tensor-core product per chunk (RD_MMA): the chunk
+         # goes from its TMA copy's shared memory into the MMA, never through registers (the 16-bit
+         # output launch ran 168 registers, 3 programs per SM, 33 % of its stall samples waiting on
+         # its one chunk in flight: ncu_out_replay-dual_s26b.txt). With Triton's default depth 3 a
+         # loop with a dot is pipelined (100 KiB of shared memory): num_stages 1 unpipelined
+         **{f"rdmma-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, RD_MMA=True, **o) for o in (
+             dict(num_stages=1), dict(LOOP_STAGES=2), dict(num_stages=1, maxnreg=96),
+             dict(num_stages=1, BLOCK_V=64, NR=2), dict(num_stages=1, BLOCK_V=64, NR=2, maxnreg=80),
+             dict(num_stages=1, HP=2))], b, ("q122b", "q4b"))
+            for m in ("dual-bf16", "bf16") for b in (32, 64, 128, 256, 512)},
          # session 26: dual states at batch 1 ran 0.984-0.990x our fp32 eager at Qwen3.5-4B dims in
          # every paper sweep since s18 (3.08 vs 3.04 us), where fp32 replay, the same route kernel
          # without DUAL, ties it. The DUAL rare path (u recomputed against the high copy) is inline

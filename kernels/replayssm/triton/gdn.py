@@ -45,7 +45,7 @@ from ..state import CURSOR_MASK, FP8_MAX, LO_STALE, GDNReplayState
 from .common import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
     prefetch_hint
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
-from .mma import exact_b_holds, mm, mma_acc, mma_precision, split_precision
+from .mma import bf16_split3, exact_b_holds, mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
 
 _TICKET = tl.constexpr(1 << 16)
@@ -733,6 +733,50 @@ def _rd_dots(rd_ptr, rd_desc, row, row0, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, q
 
 
 @triton.jit
+def _kq_operand(kn, qn, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+    """[BLOCK_K, 16] second operand of _rd_dots_mma: columns 0-2 the normalised k [BLOCK_K] as
+    three bf16 terms (mma.bf16_split3: their sum is k to 2^-24), columns 3-5 q's, the rest 0.
+    bf16 (fp32 holding the same values under the interpreter, whose bf16 dots are wrong)."""
+    c = tl.arange(0, 16)[None, :]
+    k0, k1, k2 = bf16_split3(kn)
+    q0, q1, q2 = bf16_split3(qn)
+    kq = tl.where(c == 0, k0.to(tl.float32)[:, None], 0.0)
+    kq = tl.where(c == 1, k1.to(tl.float32)[:, None], kq)
+    kq = tl.where(c == 2, k2.to(tl.float32)[:, None], kq)
+    kq = tl.where(c == 3, q0.to(tl.float32)[:, None], kq)
+    kq = tl.where(c == 4, q1.to(tl.float32)[:, None], kq)
+    kq = tl.where(c == 5, q2.to(tl.float32)[:, None], kq)
+    if not INTERP:
+        kq = kq.to(tl.bfloat16)
+    return kq
+
+
+@triton.jit
+def _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK: tl.constexpr, TMA: tl.constexpr,
+                 INTERP: tl.constexpr):
+    """(S k, S q) [R] of the bf16 read copy's rows `row` as one tensor-core product (RD_MMA,
+    session 26): the chunk [R, BLOCK_K] bf16, read through rd_desc (a TMA descriptor over the
+    copy as [rows, DK] bf16, from row row0) or pointers, times KQ (_kq_operand) -> [R, 16]
+    fp32, then k's three columns summed and q's. Every product is exact (bf16 x bf16 in fp32)
+    and the terms of k and q sum to them within 2^-24, so the dots keep fp32 accuracy. The
+    chunk goes from the TMA copy's shared memory straight into the MMA: it never occupies
+    registers and is never unpacked, which _rd_dots spends most of its registers and
+    instructions on (the 16-bit output launch: 168 registers, 3 programs per SM, its warps
+    mostly waiting on their one chunk in flight: Nsight Compute, session 26)."""
+    if TMA:
+        Sb = rd_desc.load([row0, 0])
+    else:
+        Sb = tl.load(rd_ptr + row[:, None] * DK + cols[None, :], mask=rm[:, None] & (cols < DK)[None, :], other=0.0,
+                     eviction_policy="evict_first")
+    if INTERP:
+        P = tl.dot(Sb.to(tl.float32), KQ, input_precision="ieee")
+    else:
+        P = tl.dot(Sb, KQ)
+    c = tl.arange(0, 16)[None, :]
+    return tl.sum(tl.where(c < 3, P, 0.0), 1), tl.sum(tl.where((c >= 3) & (c < 6), P, 0.0), 1)
+
+
+@triton.jit
 def _gdn_replay_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr,
     hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
@@ -746,6 +790,7 @@ def _gdn_replay_kernel(
     RD_LPR: tl.constexpr, RD_LS: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, U_LPR: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     GDC: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None, TMA: tl.constexpr = False,
+    RD_MMA: tl.constexpr = False,
 ):
     """One ReplaySSM step. A program owns HP value heads (of one key head) x NR chunks of
     BLOCK_R rows of one sequence and streams its HP * NR chunks (state rows, buffered u rows,
@@ -875,6 +920,8 @@ def _gdn_replay_kernel(
             qn_0, qn_1, qn_2, qn_3 = qn_0 * q_inv, qn_1 * q_inv, qn_2 * q_inv, qn_3 * q_inv
         else:
             kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3 = kn, kn, kn, kn, qn, qn, qn, qn
+        if RD_MMA:   # k and q as one MMA operand, once per program (_rd_dots_mma)
+            KQ = _kq_operand(kn, qn, BLOCK_K, INTERP)
         rn = tl.rsqrt(tl.sum(kb * kb, 1) + EPS)                                  # key norms [BL]
         kk_ = tl.sum(kb * kn[None, :], 1) * rn
         kq_ = tl.sum(kb * qn[None, :], 1) * rn
@@ -973,8 +1020,12 @@ def _gdn_replay_kernel(
                 U_c = tl.load(ub_ptr + ((e * HV + h) * DV)[None, :] + (rr if INTERP else _opaque(rr, INTERP))[:, None],
                               mask=um[None, :] & rm[:, None], other=0.0).to(tl.float32)     # [BR, BL]
                 v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
-                skc, sqc = _rd_dots(rd_ptr, rd_desc, row, ((slot64 * HV + h) * DV + rs).to(tl.int32), rm, cp,
-                                    kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3, DK, PK, RD_KIND, TMA, INTERP)
+                if RD_MMA:
+                    skc, sqc = _rd_dots_mma(rd_ptr, rd_desc, row, ((slot64 * HV + h) * DV + rs).to(tl.int32), rm,
+                                            cols, KQ, DK, TMA, INTERP)
+                else:
+                    skc, sqc = _rd_dots(rd_ptr, rd_desc, row, ((slot64 * HV + h) * DV + rs).to(tl.int32), rm, cp,
+                                        kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3, DK, PK, RD_KIND, TMA, INTERP)
                 if RD_FP8:
                     skc = skc * sc_c
                     sqc = sqc * sc_c
@@ -1967,18 +2018,25 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     # TMA: the output route's state chunks through a descriptor, over the fp32 copy or the
     # 16/8-bit copy's int32 words (as _rd_dots reads them); a table row's where the state and the
     # GPU allow it, a config's TMA True raises where they do not
+    # RD_MMA: a bf16 read copy's dots as one tensor-core product per chunk (_rd_dots_mma), its
+    # descriptor over the bf16 elements; tl.dot needs every tile dim >= 16
+    rd_mma = bool(cfg.get("RD_MMA")) and rd.dtype == torch.bfloat16 and min(rm["BLOCK_R"], cfg["BLOCK_K"]) >= 16
     descs = None
     if cfg.get("TMA") and (pk > 1 or rd.dtype == torch.float32):
-        words = rd.view(torch.int32) if pk > 1 else rd
         asked = True if (config or {}).get("TMA") else None
-        descs = tma_rows(words, dk // pk, [(rm["BLOCK_R"], cfg["BLOCK_K"] // pk)], "TMA", asked)
+        if rd_mma:
+            descs = tma_rows(rd, dk, [(rm["BLOCK_R"], cfg["BLOCK_K"])], "TMA", asked)
+        else:
+            words = rd.view(torch.int32) if pk > 1 else rd
+            descs = tma_rows(words, dk // pk, [(rm["BLOCK_R"], cfg["BLOCK_K"] // pk)], "TMA", asked)
     args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt, descs[0] if descs else rd,
             *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     (rd_lpr, rd_ls), (hi_lpr, hi_ls) = cache_lines(rd, dk), cache_lines(rs.hi.data, dk)
     u_lpr = triton.next_power_of_2(triton.cdiv(rm["BLOCK_R"] * rs.u.element_size(), 128))
     meta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, SPLIT=split, PK=pk, RD_KIND=kind, RD_LPR=rd_lpr,
-                RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, TMA=descs is not None, **rm, **ck_meta)
+                RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, TMA=descs is not None, RD_MMA=rd_mma, **rm,
+                **ck_meta)
     _launch_options(meta, cfg)
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:

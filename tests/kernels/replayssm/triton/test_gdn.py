@@ -244,6 +244,17 @@ REPLAY_CASES = [
       "F_num_stages": 2, "F_P_PREC": "bf16x3e", "F_FOLD_PREC": "bf16x3e"}),
     ("dual-fp8-even-split-tma-flush-st", EVEN, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True}),
+    # session 26: a bf16 read copy's dots as one tensor-core product per chunk (RD_MMA: k and q as
+    # three bf16 terms each), through TMA or pointers, split or fused, pipelined, rows past dv
+    ("dual-bf16-tall-split-mma-tma", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "NR": 2, "SPLIT": True, "TMA": True, "PF": 0, "RD_MMA": True, "F_BLOCK_V": 16}),
+    ("bf16-state-tall-split-mma-tma-pipelined", TALL, "replay", "bfloat16", None, torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "HP": 2, "SPLIT": True, "TMA": True, "PF": 0, "RD_MMA": True, "LOOP_STAGES": 2,
+      "F_BLOCK_V": 16}),
+    ("dual-bf16-gqa-fused-mma", GQA, "dual", "float32", "bfloat16", torch.float32, 5, 3,
+     {"BLOCK_V": 16, "HP": 2, "RD_MMA": True}),
+    ("shared-bf16-tall-split-mma", TALL, "shared-low", "float32", "bfloat16", torch.float32, 6, 4,
+     {"BLOCK_V": 16, "NR": 2, "SPLIT": True, "RD_MMA": True, "F_BLOCK_V": 16}),
     # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
     ("f32-tall-split-rank1", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
