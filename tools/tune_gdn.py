@@ -365,6 +365,14 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(num_stages=1, BLOCK_V=64, NR=2), dict(num_stages=1, BLOCK_V=64, NR=2, maxnreg=80),
              dict(num_stages=1, HP=2))], b, ("q122b", "q4b"))
             for m in ("dual-bf16", "bf16") for b in (32, 64, 128, 256, 512)},
+         # then around its best: the buffer's cursor-independent reads (PREFETCH), the first chunk
+         # hinted into L2 at the program's start (PF 1), pipelined smaller chunks
+         **{f"rdmma2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, RD_MMA=True, **o) for o in (
+             dict(num_stages=1), dict(num_stages=1, PREFETCH=True), dict(num_stages=1, PF=1, PF_DIST=1),
+             dict(LOOP_STAGES=2, BLOCK_V=64, NR=2), dict(LOOP_STAGES=2, BLOCK_V=32, NR=4),
+             dict(num_stages=1, BLOCK_V=64, NR=2, maxnreg=80),
+             dict(num_stages=1, BLOCK_V=64, NR=2, maxnreg=80, PREFETCH=True))], b, ("q122b", "q4b"))
+            for m in ("dual-bf16", "bf16") for b in (32, 64, 128, 256, 512)},
          # session 26: dual states at batch 1 ran 0.984-0.990x our fp32 eager at Qwen3.5-4B dims in
          # every paper sweep since s18 (3.08 vs 3.04 us), where fp32 replay, the same route kernel
          # without DUAL, ties it. The DUAL rare path (u recomputed against the high copy) is inline

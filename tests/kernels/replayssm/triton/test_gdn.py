@@ -1089,6 +1089,31 @@ def test_real_dims(model, batch, mode, lo, sd):
 
 
 @cuda_only
+@pytest.mark.parametrize("model", list(QWEN))
+@pytest.mark.parametrize("mode,sd,lo", [("dual", "float32", "bfloat16"), ("replay", "bfloat16", None)],
+                         ids=["dual-bf16", "bf16-state"])
+@pytest.mark.parametrize("cfg", [{}, {"RD_MMA": True, "num_stages": 1},
+                                 {"RD_MMA": True, "num_stages": 1, "BLOCK_V": 64, "NR": 2, "maxnreg": 80}],
+                         ids=["table", "mma", "mma-64x2"])
+def test_bf16_read_dots_keep_fp32_accuracy(model, mode, sd, lo, cfg):
+    # RD_MMA (session 26): the read copy's S k and S q as bf16 tensor-core products (wgmma at
+    # these tiles) with k and q as three bf16 terms, against the reference with fp32 activations,
+    # so no output rounding hides an error of the dots: as tight as the unpacking route's
+    sh = QWEN[model]
+    g = gen(21)
+    batch = 128
+    rs, rr = make_pair(sh, batch, 16, 16, mode, sd, lo, torch.float32, g)
+    row = GD._kernels().pick_config("replay", batch, sh.head_v_dim, sh.head_k_dim, 16, None,
+                                    state_bytes=2, dual=mode == "dual", heads=sh.num_v_heads)
+    for step in range(3):
+        x = step_inputs(sh, batch, torch.float32, g)
+        o = GD.replay_step(rs, **x, out=poisoned(x["v"]), config={**row, **cfg})
+        err = rel_err(o, R.gdn_replay_step(rr, **x))
+        assert err <= TOL_F32, f"step {step}: {err:.3g}"
+        state_check(rs, rr, f"step {step}")
+
+
+@cuda_only
 @pytest.mark.parametrize("mode,lo,batch", [("replay", None, 12), ("dual", "float8_e4m3", 12), ("replay", None, 24),
                                            ("dual", "bfloat16", 24)], ids=["f32", "dual-fp8", "f32-b24", "dual-bf16-b24"])
 def test_cuda_graph_replay_steps(mode, lo, batch):
