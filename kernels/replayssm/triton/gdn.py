@@ -732,14 +732,35 @@ def _rd_dots(rd_ptr, rd_desc, row, row0, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, q
     return tl.sum(Pk, 1), tl.sum(Pq, 1)
 
 
+# fp16 read copies (RD_MMA): k and q scaled by 2^12 before their split into fp16 terms, so that
+# the third term of a unit-norm vector's components stays clear of fp16's subnormals; the
+# products come back scaled by 2^-12 (exact: powers of two)
+_F16_KQ_SCALE = tl.constexpr(4096.0)
+
+
 @triton.jit
-def _kq_operand(kn, qn, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+def _f16_split3(a):
+    """(hi, mid, lo) fp16 with a ~= hi + mid + lo (|a - hi - mid - lo| <= 2^-33 |a| while the
+    terms stay normal; a scaled by _F16_KQ_SCALE keeps them so down to |a| ~ 2^-4)."""
+    hi = a.to(tl.float16)
+    r = a - hi.to(tl.float32)
+    mid = r.to(tl.float16)
+    return hi, mid, (r - mid.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
+def _kq_operand(kn, qn, BLOCK_K: tl.constexpr, F16: tl.constexpr, INTERP: tl.constexpr):
     """[BLOCK_K, 16] second operand of _rd_dots_mma: columns 0-2 the normalised k [BLOCK_K] as
-    three bf16 terms (mma.bf16_split3: their sum is k to 2^-24), columns 3-5 q's, the rest 0.
-    bf16 (fp32 holding the same values under the interpreter, whose bf16 dots are wrong)."""
+    three terms of the read copy's dtype (bf16: mma.bf16_split3, their sum is k to 2^-24; fp16
+    (F16): _f16_split3 of k * _F16_KQ_SCALE), columns 3-5 q's, the rest 0. In that dtype (fp32
+    holding the same values under the interpreter, whose 16-bit dots are wrong)."""
     c = tl.arange(0, 16)[None, :]
-    k0, k1, k2 = bf16_split3(kn)
-    q0, q1, q2 = bf16_split3(qn)
+    if F16:
+        k0, k1, k2 = _f16_split3(kn * _F16_KQ_SCALE)
+        q0, q1, q2 = _f16_split3(qn * _F16_KQ_SCALE)
+    else:
+        k0, k1, k2 = bf16_split3(kn)
+        q0, q1, q2 = bf16_split3(qn)
     kq = tl.where(c == 0, k0.to(tl.float32)[:, None], 0.0)
     kq = tl.where(c == 1, k1.to(tl.float32)[:, None], kq)
     kq = tl.where(c == 2, k2.to(tl.float32)[:, None], kq)
@@ -747,22 +768,22 @@ def _kq_operand(kn, qn, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
     kq = tl.where(c == 4, q1.to(tl.float32)[:, None], kq)
     kq = tl.where(c == 5, q2.to(tl.float32)[:, None], kq)
     if not INTERP:
-        kq = kq.to(tl.bfloat16)
+        kq = kq.to(tl.float16 if F16 else tl.bfloat16)
     return kq
 
 
 @triton.jit
-def _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK: tl.constexpr, TMA: tl.constexpr,
+def _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK: tl.constexpr, F16: tl.constexpr, TMA: tl.constexpr,
                  INTERP: tl.constexpr):
-    """(S k, S q) [R] of the bf16 read copy's rows `row` as one tensor-core product (RD_MMA,
-    session 26): the chunk [R, BLOCK_K] bf16, read through rd_desc (a TMA descriptor over the
-    copy as [rows, DK] bf16, from row row0) or pointers, times KQ (_kq_operand) -> [R, 16]
-    fp32, then k's three columns summed and q's. Every product is exact (bf16 x bf16 in fp32)
-    and the terms of k and q sum to them within 2^-24, so the dots keep fp32 accuracy. The
-    chunk goes from the TMA copy's shared memory straight into the MMA: it never occupies
-    registers and is never unpacked, which _rd_dots spends most of its registers and
-    instructions on (the 16-bit output launch: 168 registers, 3 programs per SM, its warps
-    mostly waiting on their one chunk in flight: Nsight Compute, session 26)."""
+    """(S k, S q) [R] of the 16-bit read copy's rows `row` as one tensor-core product (RD_MMA,
+    session 26): the chunk [R, BLOCK_K] (bf16, or fp16 with F16), read through rd_desc (a TMA
+    descriptor over the copy as [rows, DK] elements, from row row0) or pointers, times KQ
+    (_kq_operand) -> [R, 16] fp32, then k's three columns summed and q's. Every product is
+    exact (16 x 16 bits in fp32) and the terms of k and q sum to them within 2^-24, so the dots
+    keep fp32 accuracy. The chunk goes from the TMA copy's shared memory straight into the
+    MMA: it never occupies registers and is never unpacked, which _rd_dots spends most of its
+    registers and instructions on (the 16-bit output launch: 168 registers, 3 programs per SM,
+    its warps mostly waiting on their one chunk in flight: Nsight Compute, session 26)."""
     if TMA:
         Sb = rd_desc.load([row0, 0])
     else:
@@ -773,7 +794,12 @@ def _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK: tl.constexpr, TMA
     else:
         P = tl.dot(Sb, KQ)
     c = tl.arange(0, 16)[None, :]
-    return tl.sum(tl.where(c < 3, P, 0.0), 1), tl.sum(tl.where((c >= 3) & (c < 6), P, 0.0), 1)
+    sk = tl.sum(tl.where(c < 3, P, 0.0), 1)
+    sq = tl.sum(tl.where((c >= 3) & (c < 6), P, 0.0), 1)
+    if F16:
+        sk = sk * (1.0 / _F16_KQ_SCALE)
+        sq = sq * (1.0 / _F16_KQ_SCALE)
+    return sk, sq
 
 
 @triton.jit
@@ -921,7 +947,7 @@ def _gdn_replay_kernel(
         else:
             kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3 = kn, kn, kn, kn, qn, qn, qn, qn
         if RD_MMA:   # k and q as one MMA operand, once per program (_rd_dots_mma)
-            KQ = _kq_operand(kn, qn, BLOCK_K, INTERP)
+            KQ = _kq_operand(kn, qn, BLOCK_K, RD_KIND == 2, INTERP)
         rn = tl.rsqrt(tl.sum(kb * kb, 1) + EPS)                                  # key norms [BL]
         kk_ = tl.sum(kb * kn[None, :], 1) * rn
         kq_ = tl.sum(kb * qn[None, :], 1) * rn
@@ -1022,7 +1048,7 @@ def _gdn_replay_kernel(
                 v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
                 if RD_MMA:
                     skc, sqc = _rd_dots_mma(rd_ptr, rd_desc, row, ((slot64 * HV + h) * DV + rs).to(tl.int32), rm,
-                                            cols, KQ, DK, TMA, INTERP)
+                                            cols, KQ, DK, RD_KIND == 2, TMA, INTERP)
                 else:
                     skc, sqc = _rd_dots(rd_ptr, rd_desc, row, ((slot64 * HV + h) * DV + rs).to(tl.int32), rm, cp,
                                         kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3, DK, PK, RD_KIND, TMA, INTERP)
@@ -2018,9 +2044,10 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     # TMA: the output route's state chunks through a descriptor, over the fp32 copy or the
     # 16/8-bit copy's int32 words (as _rd_dots reads them); a table row's where the state and the
     # GPU allow it, a config's TMA True raises where they do not
-    # RD_MMA: a bf16 read copy's dots as one tensor-core product per chunk (_rd_dots_mma), its
-    # descriptor over the bf16 elements; tl.dot needs every tile dim >= 16
-    rd_mma = bool(cfg.get("RD_MMA")) and rd.dtype == torch.bfloat16 and min(rm["BLOCK_R"], cfg["BLOCK_K"]) >= 16
+    # RD_MMA: a 16-bit read copy's dots as one tensor-core product per chunk (_rd_dots_mma), its
+    # descriptor over the 16-bit elements; tl.dot needs every tile dim >= 16
+    rd_mma = (bool(cfg.get("RD_MMA")) and rd.dtype in (torch.bfloat16, torch.float16)
+              and min(rm["BLOCK_R"], cfg["BLOCK_K"]) >= 16)
     descs = None
     if cfg.get("TMA") and (pk > 1 or rd.dtype == torch.float32):
         asked = True if (config or {}).get("TMA") else None

@@ -253,6 +253,8 @@ REPLAY_CASES = [
       "F_BLOCK_V": 16}),
     ("dual-bf16-gqa-fused-mma", GQA, "dual", "float32", "bfloat16", torch.float32, 5, 3,
      {"BLOCK_V": 16, "HP": 2, "RD_MMA": True}),
+    ("dual-f16-tall-split-mma-tma", TALL, "dual", "float32", "float16", torch.float32, 6, 4,
+     {"BLOCK_V": 16, "NR": 2, "SPLIT": True, "TMA": True, "PF": 0, "RD_MMA": True, "F_BLOCK_V": 16}),
     ("shared-bf16-tall-split-mma", TALL, "shared-low", "float32", "bfloat16", torch.float32, 6, 4,
      {"BLOCK_V": 16, "NR": 2, "SPLIT": True, "RD_MMA": True, "F_BLOCK_V": 16}),
     # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
@@ -1090,14 +1092,14 @@ def test_real_dims(model, batch, mode, lo, sd):
 
 @cuda_only
 @pytest.mark.parametrize("model", list(QWEN))
-@pytest.mark.parametrize("mode,sd,lo", [("dual", "float32", "bfloat16"), ("replay", "bfloat16", None)],
-                         ids=["dual-bf16", "bf16-state"])
+@pytest.mark.parametrize("mode,sd,lo", [("dual", "float32", "bfloat16"), ("replay", "bfloat16", None),
+                                        ("dual", "float32", "float16")], ids=["dual-bf16", "bf16-state", "dual-f16"])
 @pytest.mark.parametrize("cfg", [{}, {"RD_MMA": True, "num_stages": 1},
                                  {"RD_MMA": True, "num_stages": 1, "BLOCK_V": 64, "NR": 2, "maxnreg": 80}],
                          ids=["table", "mma", "mma-64x2"])
-def test_bf16_read_dots_keep_fp32_accuracy(model, mode, sd, lo, cfg):
-    # RD_MMA (session 26): the read copy's S k and S q as bf16 tensor-core products (wgmma at
-    # these tiles) with k and q as three bf16 terms, against the reference with fp32 activations,
+def test_16bit_read_dots_keep_fp32_accuracy(model, mode, sd, lo, cfg):
+    # RD_MMA (session 26): the read copy's S k and S q as 16-bit tensor-core products (wgmma at
+    # these tiles) with k and q as three 16-bit terms, against the reference with fp32 activations,
     # so no output rounding hides an error of the dots: as tight as the unpacking route's
     sh = QWEN[model]
     g = gen(21)
