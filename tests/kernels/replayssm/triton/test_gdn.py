@@ -420,7 +420,7 @@ def test_table_rows_read_through_tma(mode, sd, lo, batch):
 
 @pytest.mark.parametrize("lo,batch", [("bfloat16", 100), ("float16", 130)], ids=["bf16-b100", "f16-b130"])
 def test_dual_rows_take_the_low_copys_dots_as_mma(lo, batch):
-    # session 26: above batch 64 a dual state's 16-bit low copy is read through its own table
+    # session 26: from batch 9 a dual state's 16-bit low copy is read through its own table
     # rows (replay_dual:2), its dots one tensor-core product per chunk (RD_MMA), through TMA; a
     # bf16 state keeps replay:2's rows; the table's rows against the reference
     from replayssm.triton import gdn as TK
