@@ -364,7 +364,7 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(num_stages=1), dict(LOOP_STAGES=2), dict(num_stages=1, maxnreg=96),
              dict(num_stages=1, BLOCK_V=64, NR=2), dict(num_stages=1, BLOCK_V=64, NR=2, maxnreg=80),
              dict(num_stages=1, HP=2))], b, ("q122b", "q4b"))
-            for m in ("dual-bf16", "bf16") for b in (32, 64, 128, 256, 512)},
+            for m in ("dual-bf16", "bf16") for b in (16, 32, 64, 128, 256, 512)},
          # then around its best: the buffer's cursor-independent reads (PREFETCH), the first chunk
          # hinted into L2 at the program's start (PF 1), pipelined smaller chunks
          **{f"rdmma2-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, RD_MMA=True, **o) for o in (
