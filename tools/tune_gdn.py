@@ -373,6 +373,11 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(num_stages=1, BLOCK_V=64, NR=2, maxnreg=80),
              dict(num_stages=1, BLOCK_V=64, NR=2, maxnreg=80, PREFETCH=True))], b, ("q122b", "q4b"))
             for m in ("dual-bf16", "bf16") for b in (32, 64, 128, 256, 512)},
+         # the dual rows at batch 16 / 32 (Qwen3.5-122B; Qwen3.5-4B is routed to the high copy there
+         # up to batch 16) against the unpacking dots and 64-row chunks
+         **{f"rdmma3-dual-bf16-b{b}": ("dual-bf16", [_table("dual-bf16", b)] + [_table("dual-bf16", b, **o) for o in (
+             dict(RD_MMA=False), dict(BLOCK_V=64, NR=2), dict(BLOCK_V=64, NR=2, maxnreg=80))], b, ("q122b",))
+            for b in (16, 32)},
          # session 26: dual states at batch 1 ran 0.984-0.990x our fp32 eager at Qwen3.5-4B dims in
          # every paper sweep since s18 (3.08 vs 3.04 us), where fp32 replay, the same route kernel
          # without DUAL, ties it. The DUAL rare path (u recomputed against the high copy) is inline
