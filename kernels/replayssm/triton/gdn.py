@@ -164,10 +164,12 @@ CONFIGS: dict[str, list[tuple]] = {
     # copies keep replay:2). Session 26: from batch 9 the low copy's dots as one tensor-core
     # product per chunk (RD_MMA: the chunk from its TMA copy's shared memory into the MMA, never
     # unpacked in registers), unpipelined (Triton pipelines a loop with a dot at depth 3 by default:
-    # 100 KiB of shared memory a program); to batch 128 the 128-row chunks (128-136 registers),
-    # above 64-row chunks x 2 under an 80-register budget (6 programs per SM; 12-16 bytes spilled).
-    # Whole step, us, the replay:2 row vs these, Qwen3.5-122B / Qwen3.5-4B (tune_gdn_s26f.txt,
-    # _s26c, _s26d: other H200s): b32 45.2 / 29.1 vs 44.8 / 25.2, b64 74.2 / 45.7 vs 75.0 / 42.6,
+    # 100 KiB of shared memory a program); to batch 16 64-row chunks x 2 (96 registers), to 128
+    # the 128-row chunks (128-136 registers), above 64-row chunks x 2 under an 80-register budget
+    # (6 programs per SM; 12-16 bytes spilled). Whole step, us, the replay:2 row vs these,
+    # Qwen3.5-122B / Qwen3.5-4B (tune_gdn_s26f.txt, _s26c, _s26d, _s26i: other H200s): b16 (_s26i;
+    # Qwen3.5-4B takes the high copy's route there) 29.2 vs 25.9 (128-row chunks 28.4), b32 45.2 /
+    # 29.1 vs 44.8 / 25.2 (64-row chunks 44.2 / 25.7), b64 74.2 / 45.7 vs 75.0 / 42.6,
     # b128 124.5 / 75.9 vs 125.8 / 71.0 (_s26d; _s26c 125.6 / 76.3 vs 126.2 / 71.8), b256 243.8 /
     # 133.0 vs 238.8 / 122.8 (_s26d; _s26c 242.2 / 133.4 vs 239.7 / 124.6), b512 (_s26c) 468.9 /
     # 260.3 vs 458.6 / 241.5. On bf16 states the product tied (b256 196.3 / 106.2 vs 193.5 / 108.1)
@@ -176,6 +178,7 @@ CONFIGS: dict[str, list[tuple]] = {
     # L2 hint for the first chunk (249.2 / 129.9)
     "replay_dual:2": [(4, 8, 1, {"PREFETCH": True}),
                       (8, 32, 4, {"NR": 2, "HP": 2, "PF": 2, "PF_DIST": 2, "SPLIT": True, "PREFETCH": True}),
+                      (16, 64, 4, dict(_BIG_TMA, HP=2, NR=2, RD_MMA=True, num_stages=1)),
                       (32, 128, 4, dict(_BIG_TMA, HP=2, RD_MMA=True, num_stages=1)),
                       (128, 128, 4, dict(_BIG_TMA, RD_MMA=True, num_stages=1)),
                       (None, 64, 4, dict(_BIG_TMA, NR=2, RD_MMA=True, num_stages=1, maxnreg=80))],
