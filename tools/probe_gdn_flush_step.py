@@ -33,32 +33,19 @@ VARIANTS = {   # name: (config over the table's row, WRITE_O)
 
 
 def run(model: str, mode: str, batch: int) -> None:
-    _, sd, _, _ = T.MODE[mode]
-    _, Hv = T.MODELS[model]
-    nl = T.layers_for(batch * Hv * 128 * 128 * (4 if sd == "float32" else 2))
-    layers = [T.make_rs(model, mode, batch, seed=11 + i) for i in range(nl)]
-    x = T.inputs(model, batch, 1)
-    idx = torch.arange(batch, dtype=torch.int32, device="cuda")
-    o = torch.empty_like(x["v"])
+    layers, x, idx, o, nl = T.probe_layers(model, mode, batch)
     base = [T.plans_for("replay", {}, rs, x, idx, o) for rs in layers]
     for p in base:       # the scratch (nxt) the flush step reads: one output launch per layer
         T.launch([p[0]])
 
-    def only(plans, i):
-        def f():
-            for _ in range(T.K):
-                for p in plans:
-                    T.launch([p[i]])
-        return f
-
-    us = T.time_graph(only(base, 0)) / (T.K * nl)
+    us = T.time_graph(T.launch_only(base, 0)) / (T.K * nl)
     print(f"{model} {mode} b{batch} {'output launch only':34s} {us:8.1f} us", flush=True)
     for name, (cfg, write_o) in VARIANTS.items():
         plans = [T.plans_for("replay", cfg, rs, x, idx, o) for rs in layers]
         for p in plans:
             p[1][3]["WRITE_O"] = write_o
         try:
-            us = T.time_graph(only(plans, 1)) / (T.K * nl)
+            us = T.time_graph(T.launch_only(plans, 1)) / (T.K * nl)
             print(f"{model} {mode} b{batch} flush step, {name:28s} {us:8.1f} us", flush=True)
         except Exception as e:     # a variant that does not compile is reported, the rest go on
             print(f"{model} {mode} b{batch} flush step, {name:28s} FAIL {type(e).__name__}: {e}", flush=True)

@@ -23,13 +23,7 @@ import tune_gdn as T  # noqa: E402
 
 
 def run(model: str, mode: str, batch: int) -> None:
-    _, sd, _, _ = T.MODE[mode]
-    _, Hv = T.MODELS[model]
-    nl = T.layers_for(batch * Hv * 128 * 128 * (4 if sd == "float32" else 2))
-    layers = [T.make_rs(model, mode, batch, seed=11 + i) for i in range(nl)]
-    x = T.inputs(model, batch, 1)
-    idx = torch.arange(batch, dtype=torch.int32, device="cuda")
-    o = torch.empty_like(x["v"])
+    layers, x, idx, o, nl = T.probe_layers(model, mode, batch)
     plans = [T.plans_for("replay", {"PDL": False}, rs, x, idx, o) for rs in layers]   # [output, flush step]
     plans_pdl = [T.plans_for("replay", {}, rs, x, idx, o) for rs in layers]
     sides = {p: torch.cuda.Stream(priority=p) for p in (0, -1)}
@@ -39,13 +33,6 @@ def run(model: str, mode: str, batch: int) -> None:
             for _ in range(T.K):
                 for p in ps:
                     T.launch(p)
-        return f
-
-    def only(i):
-        def f():
-            for _ in range(T.K):
-                for p in plans:
-                    T.launch([p[i]])
         return f
 
     def beside(prio, flush_first):
@@ -66,7 +53,7 @@ def run(model: str, mode: str, batch: int) -> None:
         return f
 
     for name, fn in [("in order", in_order(plans)), ("in order, PDL", in_order(plans_pdl)),
-                     ("output launch only", only(0)), ("flush step only", only(1)),
+                     ("output launch only", T.launch_only(plans, 0)), ("flush step only", T.launch_only(plans, 1)),
                      ("beside, flush first", beside(0, True)), ("beside, flush first, high prio", beside(-1, True)),
                      ("beside, output first", beside(0, False)), ("beside, output first, high prio", beside(-1, False)),
                      ("in order (again)", in_order(plans))]:

@@ -680,6 +680,27 @@ def plans_for(kind, cfg, rs_or_state, x, idx, o):
     return TK.plan_replay(rs_or_state, **x, state_indices=idx, scale=scale, o=o, config=cfg)
 
 
+def probe_layers(model, mode, batch):
+    """(layers, x, idx, o, nl) of the timing probes (tools/probe_gdn_*.py): nl replay states of
+    `mode` for >= 1 GiB of state (cursors staggered), one step's inputs x, the slot indices and
+    an output buffer."""
+    _, sd, _, _ = MODE[mode]
+    _, Hv = MODELS[model]
+    nl = layers_for(batch * Hv * 128 * 128 * (4 if sd == "float32" else 2))
+    layers = [make_rs(model, mode, batch, seed=11 + i) for i in range(nl)]
+    x = inputs(model, batch, 1)
+    return layers, x, torch.arange(batch, dtype=torch.int32, device=DEV), torch.empty_like(x["v"]), nl
+
+
+def launch_only(plans, i):
+    """fn for time_graph: K steps of launch i of every layer's plans alone."""
+    def f():
+        for _ in range(K):
+            for p in plans:
+                launch([p[i]])
+    return f
+
+
 def launch(plans):
     cks = []
     for kernel, grid, args, meta in plans:
