@@ -762,8 +762,10 @@ _F16_KQ_SCALE = tl.constexpr(4096.0)
 
 @triton.jit
 def _f16_split3(a):
-    """(hi, mid, lo) fp16 with a ~= hi + mid + lo (|a - hi - mid - lo| <= 2^-33 |a| while the
-    terms stay normal; a scaled by _F16_KQ_SCALE keeps them so down to |a| ~ 2^-4)."""
+    """(hi, mid, lo) fp16 with a ~= hi + mid + lo: |a - hi - mid - lo| <= 2^-33 |a| while the
+    terms are normal fp16 (lo ~ 2^-22 |a| >= 2^-14: |a| >= 2^8, i.e. components of a unit
+    vector scaled by _F16_KQ_SCALE down to 2^-4; below, lo's subnormal rounding still errs by
+    less than 2^-24 of the scaled vector's norm)."""
     hi = a.to(tl.float16)
     r = a - hi.to(tl.float32)
     mid = r.to(tl.float16)

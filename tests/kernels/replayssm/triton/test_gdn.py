@@ -244,8 +244,9 @@ REPLAY_CASES = [
       "F_num_stages": 2, "F_P_PREC": "bf16x3e", "F_FOLD_PREC": "bf16x3e"}),
     ("dual-fp8-even-split-tma-flush-st", EVEN, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True}),
-    # session 26: a bf16 read copy's dots as one tensor-core product per chunk (RD_MMA: k and q as
-    # three bf16 terms each), through TMA or pointers, split or fused, pipelined, rows past dv
+    # session 26: a 16-bit read copy's dots as one tensor-core product per chunk (RD_MMA: k and q
+    # as three 16-bit terms each), through TMA or pointers, split or fused, pipelined, rows past
+    # dv, bf16 and fp16
     ("dual-bf16-tall-split-mma-tma", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "NR": 2, "SPLIT": True, "TMA": True, "PF": 0, "RD_MMA": True, "F_BLOCK_V": 16}),
     ("bf16-state-tall-split-mma-tma-pipelined", TALL, "replay", "bfloat16", None, torch.bfloat16, 6, 4,
@@ -1117,9 +1118,9 @@ def test_real_dims(model, batch, mode, lo, sd):
 @pytest.mark.parametrize("model", list(QWEN))
 @pytest.mark.parametrize("mode,sd,lo", [("dual", "float32", "bfloat16"), ("replay", "bfloat16", None),
                                         ("dual", "float32", "float16")], ids=["dual-bf16", "bf16-state", "dual-f16"])
-@pytest.mark.parametrize("cfg", [{}, {"RD_MMA": True, "num_stages": 1},
+@pytest.mark.parametrize("cfg", [{"RD_MMA": False}, {"RD_MMA": True, "num_stages": 1},
                                  {"RD_MMA": True, "num_stages": 1, "BLOCK_V": 64, "NR": 2, "maxnreg": 80}],
-                         ids=["table", "mma", "mma-64x2"])
+                         ids=["unpacked", "mma", "mma-64x2"])
 def test_16bit_read_dots_keep_fp32_accuracy(model, mode, sd, lo, cfg):
     # RD_MMA (session 26): the read copy's S k and S q as 16-bit tensor-core products (wgmma at
     # these tiles) with k and q as three 16-bit terms, against the reference with fp32 activations,
