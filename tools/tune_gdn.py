@@ -338,8 +338,12 @@ def _table(mode: str, batch: int, **kw) -> dict:
     Qwen3.5-122B's 64 value heads, DUAL_ROUTE_HEADS), with kw over it."""
     m, sd, lo, _ = MODE[mode]
     rb = dtype_of(lo or sd).itemsize
-    return {**TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual",
-                             heads=MODELS["q122b"][1]), **kw}
+    row = TK.pick_config("replay", batch, 128, 128, L, None, state_bytes=rb, dual=m == "dual",
+                         heads=MODELS["q122b"][1])
+    # a buffered row says so: as a config at a shape the table routes (Qwen3.5-4B's dual states
+    # to batch 16) it would otherwise keep that shape's route (tune_gdn_s26h.txt)
+    row.setdefault("EAGER_ROUTE", False)
+    return {**row, **kw}
 
 
 def _route_list(mode: str, batch: int) -> list[dict]:
