@@ -575,11 +575,16 @@ def test_eager_route_plan(monkeypatch):
     assert {k: TK.pick_config("replay", 8, 128, 128, 16)[k] for k in ("BLOCK_V", "num_warps", "maxnreg")} == \
         {"BLOCK_V": 4, "num_warps": 1, "maxnreg": 56}
     assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2)["BLOCK_V"] for b in (1, 4, 5, 32)] == [4, 4, 8, 8]
-    # dual 16-bit reads, buffered: the session-6 row up to batch 8, whole heads through TMA above
-    # (session 24: 2 heads per program to batch 32, 4 above)
-    assert [{k: TK.pick_config("replay", b, 128, 128, 16, state_bytes=2, dual=True, heads=64).get(k)
-             for k in ("BLOCK_V", "NR", "HP", "TMA")} for b in (9, 32, 33, 512)] == \
-        [{"BLOCK_V": 128, "NR": 1, "HP": 2, "TMA": True}] * 2 + [{"BLOCK_V": 128, "NR": 1, "HP": 4, "TMA": True}] * 2
+    # dual 16-bit reads, buffered (their own rows, replay_dual:2): the session-6 row up to batch 8,
+    # chunks through TMA above, read by the tensor cores (RD_MMA, session 26): 64 rows x 2 with 2
+    # heads per program to batch 16, whole heads to 128 (2 heads per program to batch 32), then
+    # 64 rows x 2 under an 80-register budget
+    keys = ("BLOCK_V", "NR", "HP", "TMA", "RD_MMA", "maxnreg")
+    assert [tuple(TK.pick_config("replay", b, 128, 128, 16, state_bytes=2, dual=True, heads=64).get(k) for k in keys)
+            for b in (9, 16, 17, 32, 33, 128, 129, 512)] == \
+        [(64, 2, 2, True, True, None)] * 2 + [(128, 1, 2, True, True, None)] * 2 + \
+        [(128, 1, 4, True, True, None)] * 2 + [(64, 2, 4, True, True, 80)] * 2
+    assert not TK.pick_config("replay", 512, 128, 128, 16, state_bytes=2).get("RD_MMA")     # bf16 states: replay:2
     assert TK.pick_config("replay", 8, 128, 128, 16, state_bytes=2, dual=True, heads=128)["NR"] == 2
     monkeypatch.setattr(TK, "SMALL_BATCH_ROUTE", False)
     assert not TK.state_takes_eager_route(rs, x["k"], x["v"])
