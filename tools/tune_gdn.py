@@ -363,7 +363,9 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # goes from its TMA copy's shared memory into the MMA, never through registers (the 16-bit
          # output launch ran 168 registers, 3 programs per SM, 33 % of its stall samples waiting on
          # its one chunk in flight: ncu_out_replay-dual_s26b.txt). With Triton's default depth 3 a
-         # loop with a dot is pipelined (100 KiB of shared memory): num_stages 1 unpipelined
+         # loop with a dot is pipelined (100 KiB of shared memory): num_stages 1 unpipelined. (Since
+         # the dual rows shipped with it, their lists' first entry is itself RD_MMA; rdmma3 below
+         # keeps the unpacking dots beside it)
          **{f"rdmma-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, RD_MMA=True, **o) for o in (
              dict(num_stages=1), dict(LOOP_STAGES=2), dict(num_stages=1, maxnreg=96),
              dict(num_stages=1, BLOCK_V=64, NR=2), dict(num_stages=1, BLOCK_V=64, NR=2, maxnreg=80),
@@ -386,6 +388,7 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # every paper sweep since s18 (3.08 vs 3.04 us), where fp32 replay, the same route kernel
          # without DUAL, ties it. The DUAL rare path (u recomputed against the high copy) is inline
          # and moves the steady path's loads in the SASS; as a call (PENDING_CALL) it cannot
+         # (it was no faster: tune_gdn_s26b.txt)
          "route-dual-b1": ("dual-bf16", [_table("dual-bf16", 1), _table("dual-bf16", 1, PENDING_CALL=True),
                                          _table("dual-bf16", 1, PENDING_CALL=True, maxnreg=None)], 1,
                            ("q122b", "q4b")),
