@@ -19,8 +19,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-
 import tune_gdn as T  # noqa: E402
 
 VARIANTS = {   # name: (config over the table's row, WRITE_O)
@@ -49,12 +47,7 @@ def run(model: str, mode: str, batch: int) -> None:
             print(f"{model} {mode} b{batch} flush step, {name:28s} {us:8.1f} us", flush=True)
         except Exception as e:     # a variant that does not compile is reported, the rest go on
             print(f"{model} {mode} b{batch} flush step, {name:28s} FAIL {type(e).__name__}: {e}", flush=True)
-    del layers
-    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    T.COPY = T.copy_ceiling()
-    print(f"copy {T.COPY:.0f} GB/s", flush=True)
-    for case in [("q122b", "dual-bf16", 256), ("q4b", "dual-bf16", 256), ("q122b", "dual-bf16", 512)]:
-        run(*case)
+    T.run_probe(run, [("q122b", "dual-bf16", 256), ("q4b", "dual-bf16", 256), ("q122b", "dual-bf16", 512)])

@@ -59,13 +59,8 @@ def run(model: str, mode: str, batch: int) -> None:
                      ("in order (again)", in_order(plans))]:
         us = T.time_graph(fn) / (T.K * nl)
         print(f"{model} {mode} b{batch} {name:32s} {us:8.1f} us", flush=True)
-    del layers
-    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    T.COPY = T.copy_ceiling()
-    print(f"copy {T.COPY:.0f} GB/s", flush=True)
-    for case in [("q122b", "f32", 256), ("q122b", "dual-bf16", 256), ("q4b", "f32", 256),
-                 ("q4b", "dual-bf16", 256), ("q122b", "f32", 128), ("q122b", "bf16", 256)]:
-        run(*case)
+    T.run_probe(run, [("q122b", "f32", 256), ("q122b", "dual-bf16", 256), ("q4b", "f32", 256),
+                      ("q4b", "dual-bf16", 256), ("q122b", "f32", 128), ("q122b", "bf16", 256)])

@@ -699,6 +699,17 @@ def probe_layers(model, mode, batch):
     return layers, x, torch.arange(batch, dtype=torch.int32, device=DEV), torch.empty_like(x["v"]), nl
 
 
+def run_probe(run, cases) -> None:
+    """A timing probe's main: the copy ceiling, then run(*case) for each case, freeing the GPU's
+    cached memory after each (a case's layers hold >= 1 GiB)."""
+    global COPY
+    COPY = copy_ceiling()
+    print(f"copy {COPY:.0f} GB/s", flush=True)
+    for case in cases:
+        run(*case)
+        torch.cuda.empty_cache()
+
+
 def launch_only(plans, i):
     """fn for time_graph: K steps of launch i of every layer's plans alone."""
     def f():
