@@ -1090,7 +1090,7 @@ cuda_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 @cuda_only
 @pytest.mark.parametrize("model", list(QWEN))
-@pytest.mark.parametrize("batch", [1, 7, 64, 512])
+@pytest.mark.parametrize("batch", [1, 7, 16, 64, 512])   # 16: the dual rows' 64-row MMA chunks (session 26)
 @pytest.mark.parametrize("mode,lo,sd", [("replay", None, "float32"), ("dual", "bfloat16", "float32"),
                                         ("replay", None, "bfloat16"), ("dual", "float8_e4m3", "float32")],
                          ids=["f32", "dual-bf16", "bf16-state", "dual-fp8"])
