@@ -147,8 +147,8 @@ MAMBA2_VARIANTS: dict[str, dict] = {
 # per program), num_warps, S_PREC, EARLY_BUF, CHUNK_K, SMALL_PREC; a "fold" key goes to
 # OVERRIDE["fold"] of the commit (COMMIT_FOLD: the rank-1 fold kernel; F_<key>: the flush step's
 # "commit" / "commit_dual" table row).
-# the table's balanced commit fold (replayssm.triton.gdn._BALANCED_COMMIT), as variants start from it
-_BAL = {"max_hv": 32, "max_t": 4, "per_sm": 6, "maxnreg": 168, "PF": 0}
+# the table's balanced commit fold, as variants start from it
+from replayssm.triton.gdn import _BALANCED_COMMIT as _BAL  # noqa: E402
 GDN_VARIANTS: dict[str, dict] = {
     "default": {},
     # the packed [k | q] draft operand (session 9) freed registers (sm_90, Qwen3.5-122B T4: fp32 64x2w

@@ -773,7 +773,7 @@ def _f16_split3(a):
 
 
 @triton.jit
-def _kq_operand(kn, qn, BLOCK_K: tl.constexpr, F16: tl.constexpr, INTERP: tl.constexpr):
+def _kq_operand(kn, qn, F16: tl.constexpr, INTERP: tl.constexpr):
     """[BLOCK_K, 16] second operand of _rd_dots_mma: columns 0-2 the normalised k [BLOCK_K] as
     three terms of the read copy's dtype (bf16: mma.bf16_split3, their sum is k to 2^-24; fp16
     (F16): _f16_split3 of k * _F16_KQ_SCALE), columns 3-5 q's, the rest 0. In that dtype (fp32
@@ -971,7 +971,7 @@ def _gdn_replay_kernel(
         else:
             kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3 = kn, kn, kn, kn, qn, qn, qn, qn
         if RD_MMA:   # k and q as one MMA operand, once per program (_rd_dots_mma)
-            KQ = _kq_operand(kn, qn, BLOCK_K, RD_KIND == 2, INTERP)
+            KQ = _kq_operand(kn, qn, RD_KIND == 2, INTERP)
         rn = tl.rsqrt(tl.sum(kb * kb, 1) + EPS)                                  # key norms [BL]
         kk_ = tl.sum(kb * kn[None, :], 1) * rn
         kq_ = tl.sum(kb * qn[None, :], 1) * rn
@@ -1070,12 +1070,12 @@ def _gdn_replay_kernel(
                 U_c = tl.load(ub_ptr + ((e * HV + h) * DV)[None, :] + (rr if INTERP else _opaque(rr, INTERP))[:, None],
                               mask=um[None, :] & rm[:, None], other=0.0).to(tl.float32)     # [BR, BL]
                 v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
+                row0 = ((slot64 * HV + h) * DV + rs).to(tl.int32)    # the chunk's first row (TMA)
                 if RD_MMA:
-                    skc, sqc = _rd_dots_mma(rd_ptr, rd_desc, row, ((slot64 * HV + h) * DV + rs).to(tl.int32), rm,
-                                            cols, KQ, DK, RD_KIND == 2, TMA, INTERP)
+                    skc, sqc = _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK, RD_KIND == 2, TMA, INTERP)
                 else:
-                    skc, sqc = _rd_dots(rd_ptr, rd_desc, row, ((slot64 * HV + h) * DV + rs).to(tl.int32), rm, cp,
-                                        kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3, DK, PK, RD_KIND, TMA, INTERP)
+                    skc, sqc = _rd_dots(rd_ptr, rd_desc, row, row0, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2,
+                                        qn_3, DK, PK, RD_KIND, TMA, INTERP)
                 if RD_FP8:
                     skc = skc * sc_c
                     sqc = sqc * sc_c
@@ -2070,8 +2070,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     # GPU allow it, a config's TMA True raises where they do not
     # RD_MMA: a 16-bit read copy's dots as one tensor-core product per chunk (_rd_dots_mma), its
     # descriptor over the 16-bit elements; tl.dot needs every tile dim >= 16
-    rd_mma = (bool(cfg.get("RD_MMA")) and rd.dtype in (torch.bfloat16, torch.float16)
-              and min(rm["BLOCK_R"], cfg["BLOCK_K"]) >= 16)
+    rd_mma = bool(cfg.get("RD_MMA")) and kind in (1, 2) and min(rm["BLOCK_R"], cfg["BLOCK_K"]) >= 16
     descs = None
     if cfg.get("TMA") and (pk > 1 or rd.dtype == torch.float32):
         asked = True if (config or {}).get("TMA") else None
