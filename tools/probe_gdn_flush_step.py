@@ -1,7 +1,14 @@
-"""Timing probe, H200 (session 26): what the GDN dual flush step would take without its
-output rewrite, and under a register budget that this would let it fit.
+"""Timing probe, H200: the GDN flush step alone, as the table plans it and in variants.
 
-    source tools/device_env.sh; python3 tools/probe_gdn_flush_step.py     # ~40 s on the GPU machine
+    source tools/device_env.sh; python3 tools/probe_gdn_flush_step.py [write_o|split]   # ~40 s on the GPU machine
+
+"split" (session 27, the default): the three-term bf16 split of its products against the keys
+(mma "bf16x3e") as shipped (inline PTX, pinned where the fp32 operand is), as Triton places the
+same PTX ("_free") and by Triton's conversions ("_cvt", session 26's), for dual, fp32 and bf16
+states; and the dual flush step at depth 2 under a 200-register budget (5 programs per SM).
+
+"write_o" (session 26): what the dual flush step would take without its
+output rewrite, and under a register budget that this would let it fit.
 
 The SPLIT replay step's second launch (_gdn_flush_step_kernel) folds the flushing rows and, for
 dual states, rewrites their outputs from the folded high state (WRITE_O). Offline sm_90 compiles
@@ -21,13 +28,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tune_gdn as T  # noqa: E402
 
-VARIANTS = {   # name: (config over the table's row, WRITE_O)
+_CVT = {"F_FOLD_PREC": "bf16x3e_cvt", "F_P_PREC": "bf16x3e_cvt"}
+_FREE = {"F_FOLD_PREC": "bf16x3e_free", "F_P_PREC": "bf16x3e_free"}
+SPLIT = {   # name: (config over the table's row, WRITE_O); P_PREC is the dual flush step's only
+    "table": ({}, True),
+    "split by Triton's conversions": (_CVT, True),
+    "split placed by Triton": (_FREE, True),
+    "depth 2, maxnreg 200": ({"F_num_stages": 2, "F_maxnreg": 200}, True),
+}
+WRITE_O = {   # name: (config over the table's row, WRITE_O)
     "table": ({}, True),
     "table, maxnreg 168": ({"F_maxnreg": 168}, True),
     "no WRITE_O": ({}, False),
     "no WRITE_O, maxnreg 168": ({"F_maxnreg": 168}, False),
     "no WRITE_O, maxnreg 128": ({"F_maxnreg": 128}, False),
 }
+
+
+VARIANTS = SPLIT
 
 
 def run(model: str, mode: str, batch: int) -> None:
@@ -50,4 +68,12 @@ def run(model: str, mode: str, batch: int) -> None:
 
 
 if __name__ == "__main__":
-    T.run_probe(run, [("q122b", "dual-bf16", 256), ("q4b", "dual-bf16", 256), ("q122b", "dual-bf16", 512)])
+    which = sys.argv[1] if len(sys.argv) > 1 else "split"
+    if which not in ("split", "write_o"):
+        sys.exit(f"probe_gdn_flush_step.py: unknown variant set {which!r}; allowed: split, write_o")
+    if which == "write_o":
+        VARIANTS = WRITE_O
+        T.run_probe(run, [("q122b", "dual-bf16", 256), ("q4b", "dual-bf16", 256), ("q122b", "dual-bf16", 512)])
+    else:
+        T.run_probe(run, [(m, mode, 256) for mode in ("dual-bf16", "f32", "bf16") for m in ("q122b", "q4b")]
+                    + [("q122b", "dual-bf16", 512)])

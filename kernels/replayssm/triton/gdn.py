@@ -783,8 +783,8 @@ def _kq_operand(kn, qn, F16: tl.constexpr, INTERP: tl.constexpr):
         k0, k1, k2 = _f16_split3(kn * _F16_KQ_SCALE)
         q0, q1, q2 = _f16_split3(qn * _F16_KQ_SCALE)
     else:
-        k0, k1, k2 = bf16_split3(kn)
-        q0, q1, q2 = bf16_split3(qn)
+        k0, k1, k2 = bf16_split3(kn, INTERP, "bf16x3e")
+        q0, q1, q2 = bf16_split3(qn, INTERP, "bf16x3e")
     kq = tl.where(c == 0, k0.to(tl.float32)[:, None], 0.0)
     kq = tl.where(c == 1, k1.to(tl.float32)[:, None], kq)
     kq = tl.where(c == 2, k2.to(tl.float32)[:, None], kq)

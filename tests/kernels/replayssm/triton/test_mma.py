@@ -51,13 +51,15 @@ def _run(a, b, prec, acc=None):
 # (one lost tf32 rounding of the low part), Triton's tf32x3 ~2^-22; bf16x2 2^-16 (the bf16
 # rounding of the low part; Triton's bf16x3 is the same against an operand exact in bf16);
 # bf16x3e ~2^-24 (what three bf16 terms leave, as fp32 rounding, and the fp32 accumulation)
+# ("bf16x3e_free", "bf16x3e_cvt": the same terms, split elsewhere or by Triton's conversions)
 BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19, "bf16x2": 2.0 ** -15,
-         "bf16x3e": 2.0 ** -21}
+         "bf16x3e": 2.0 ** -21, "bf16x3e_free": 2.0 ** -21, "bf16x3e_cvt": 2.0 ** -21}
 
 
 @pytest.mark.parametrize("prec,b_dtype", [("tf32x2t", torch.bfloat16), ("tf32x3t", torch.float32),
                                           ("tf32x3", torch.float32), ("bf16x2", torch.bfloat16),
-                                          ("bf16x3e", torch.bfloat16), ("bf16x3e", torch.float8_e4m3fn)])
+                                          ("bf16x3e", torch.bfloat16), ("bf16x3e", torch.float8_e4m3fn),
+                                          ("bf16x3e_free", torch.bfloat16), ("bf16x3e_cvt", torch.bfloat16)])
 @pytest.mark.parametrize("with_acc", [False, True])
 def test_products_within_bound(prec, b_dtype, with_acc):
     g = gen(11)
@@ -73,9 +75,10 @@ def test_products_within_bound(prec, b_dtype, with_acc):
 
 
 @triton.jit
-def _split3_kernel(a_ptr, hi_ptr, mid_ptr, lo_ptr, M: tl.constexpr):
+def _split3_kernel(a_ptr, hi_ptr, mid_ptr, lo_ptr, M: tl.constexpr, EXACT: tl.constexpr,
+                   PREC: tl.constexpr):
     i = tl.arange(0, M)
-    hi, mid, lo = bf16_split3(tl.load(a_ptr + i))
+    hi, mid, lo = bf16_split3(tl.load(a_ptr + i), EXACT, PREC)
     tl.store(hi_ptr + i, hi)
     tl.store(mid_ptr + i, mid)
     tl.store(lo_ptr + i, lo)
@@ -87,12 +90,36 @@ def test_bf16_split3_leaves_at_most_fp32_rounding():
     g = gen(13)
     a = (torch.randn(256, generator=g) * torch.exp2(torch.randint(-60, 60, (256,), generator=g))).to(DEV)
     hi, mid, lo = (torch.empty(256, dtype=torch.bfloat16, device=DEV) for _ in range(3))
-    _split3_kernel[(1,)](a, hi, mid, lo, M=256)
+    _split3_kernel[(1,)](a, hi, mid, lo, M=256, EXACT=not CUDA, PREC="bf16x3e")
     step = 2.0 ** (-8 if CUDA else -7)
     a64 = a.double().abs()
     assert (mid.double().abs() <= a64 * step).all() and (lo.double().abs() <= a64 * step ** 2 * 1.01).all()
     left = a.double() - hi.double() - mid.double() - lo.double()
     assert (left.abs() <= a64 * step ** 3).all()
+
+
+@pytest.mark.skipif(not CUDA, reason="inline PTX: the interpreter runs Triton's conversions in every case")
+@pytest.mark.parametrize("prec", ["bf16x3e", "bf16x3e_free", "bf16x3e_cvt"])
+def test_bf16_split3_terms_are_torchs_nearest_roundings(prec):
+    """The split in inline PTX (bf16x3e, _free) and by Triton's conversions (_cvt) gives, bit for
+    bit, the terms torch's round-to-nearest-even casts give: hi = bf16(a), mid = bf16(a - hi),
+    lo = bf16(a - hi - mid) -- including ties, subnormals, zeros, infinities and NaN."""
+    g = gen(14)
+    a = torch.randn(4096, generator=g) * torch.exp2(torch.randint(-140, 127, (4096,), generator=g).float())
+    ties = (torch.randint(-2 ** 15, 2 ** 15, (512,), generator=g).to(torch.int32) << 16) | 0x8000  # halfway
+    a[:512] = ties.view(torch.float32)
+    a[512:520] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), 1e-40, -1e-45, 3.0e38, 1.0])
+    a = a.to(DEV)
+    hi, mid, lo = (torch.empty(4096, dtype=torch.bfloat16, device=DEV) for _ in range(3))
+    _split3_kernel[(1,)](a, hi, mid, lo, M=4096, EXACT=False, PREC=prec)
+    want_hi = a.to(torch.bfloat16)
+    r = a - want_hi.float()
+    want_mid = r.to(torch.bfloat16)
+    want_lo = (r - want_mid.float()).to(torch.bfloat16)
+    for got, want, name in ((hi, want_hi, "hi"), (mid, want_mid, "mid"), (lo, want_lo, "lo")):
+        same = got.view(torch.int16) == want.view(torch.int16)
+        both_nan = got.isnan() & want.isnan()
+        assert (same | both_nan).all(), f"{prec} {name}: {(~(same | both_nan)).sum().item()} differ"
 
 
 def test_tf32_split_is_exact_and_truncates():
