@@ -3,9 +3,10 @@
     source tools/device_env.sh; python3 tools/probe_gdn_flush_step.py [write_o|split]   # ~40 s on the GPU machine
 
 "split" (session 27, the default): the three-term bf16 split of its products against the keys
-(mma "bf16x3e") as shipped (inline PTX, pinned where the fp32 operand is), as Triton places the
-same PTX ("_free") and by Triton's conversions ("_cvt", session 26's), for dual, fp32 and bf16
-states; and the dual flush step at depth 2 under a 200-register budget (5 programs per SM).
+(mma "bf16x3e") as shipped (inline PTX) and by Triton's conversions ("_cvt", session 26's), for
+dual, fp32 and bf16 states; and the flush step at depth 2 under a 200-register budget (dual: 5
+programs per SM; the others' registers are below it). probe_flush_step_s27a.txt ran a third,
+the PTX marked impure, since removed.
 
 "write_o" (session 26): what the dual flush step would take without its
 output rewrite, and under a register budget that this would let it fit.
@@ -29,11 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tune_gdn as T  # noqa: E402
 
 _CVT = {"F_FOLD_PREC": "bf16x3e_cvt", "F_P_PREC": "bf16x3e_cvt"}
-_FREE = {"F_FOLD_PREC": "bf16x3e_free", "F_P_PREC": "bf16x3e_free"}
 SPLIT = {   # name: (config over the table's row, WRITE_O); P_PREC is the dual flush step's only
     "table": ({}, True),
     "split by Triton's conversions": (_CVT, True),
-    "split placed by Triton": (_FREE, True),
     "depth 2, maxnreg 200": ({"F_num_stages": 2, "F_maxnreg": 200}, True),
 }
 WRITE_O = {   # name: (config over the table's row, WRITE_O)

@@ -390,17 +390,15 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(RD_MMA=False), dict(BLOCK_V=64, NR=2), dict(BLOCK_V=64, NR=2, maxnreg=80))], b, ("q122b",))
             for b in (16, 32)},
          # session 27: the three-term bf16 split (mma "bf16x3e") in inline PTX, a pair of elements per
-         # conversion, pinned where the fp32 operand is (the table's since) against Triton's
-         # conversions (session 26's, "_cvt": one F2F per element, a permute to pack, a multiply-add
-         # to widen; the dual flush step's chunk loop 955 SASS instructions on sm_90 offline) and the
-         # PTX left for Triton to place ("_free": split after the fp32 chunk is converted into the
-         # MMA's operand layout, where each of the two warps holds all 16 x 128 of it); pinned, the
-         # loop is 688 instructions (249 registers, 47 KiB of shared memory at depth 3), free 829
-         # (208). Dual rows also at depth 2 under a 200-register budget (5 programs per SM, 39 KiB)
-         **{f"split3-{m}-b{b}": (m, [_table(m, b)] + [_table(m, b, **o) for o in (
-             _x3(m, "bf16x3e_cvt"), _x3(m, "bf16x3e_free"))] + ([_table(m, b, **o) for o in (
-                 dict(F_num_stages=2), dict(F_num_stages=2, F_maxnreg=200), dict(F_maxnreg=200))]
-                 if m == "dual-bf16" else []) + [_table(m, b)], b, ("q122b", "q4b"))
+         # conversion (the table's since) against Triton's conversions ("_cvt", session 26's: one F2F
+         # per element, a permute to pack, a multiply-add to widen; the dual flush step's chunk loop
+         # 955 SASS instructions on sm_90 offline, 829 with the PTX). Timed first (tune_gdn_s27a.txt)
+         # with the PTX also marked impure (pinned where the fp32 chunk is: 688 instructions but 249
+         # registers), 1-2 % slower than pure, since removed. Dual rows also at depth 2 and under
+         # register budgets (200: 5 programs per SM, no spill; 168: 6, a 64-byte spill)
+         **{f"split3-{m}-b{b}": (m, [_table(m, b), _table(m, b, **_x3(m, "bf16x3e_cvt"))] + ([_table(m, b, **o) for o in (
+             dict(F_num_stages=2), dict(F_num_stages=2, F_maxnreg=200), dict(F_maxnreg=200),
+             dict(F_maxnreg=168))] if m == "dual-bf16" else []) + [_table(m, b)], b, ("q122b", "q4b"))
             for m in ("dual-bf16", "f32", "bf16") for b in (64, 128, 256, 512)},
          # session 26: dual states at batch 1 ran 0.984-0.990x our fp32 eager at Qwen3.5-4B dims in
          # every paper sweep since s18 (3.08 vs 3.04 us), where fp32 replay, the same route kernel

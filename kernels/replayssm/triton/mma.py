@@ -58,7 +58,7 @@ def exact_b_holds(prec: str, b: torch.dtype) -> bool:
     """Whether PREC's premise on its second operand holds for values stored as dtype b: "bf16x3e"
     and "bf16x2" need b exact in bf16 (bf16, fp8 e4m3), "tf32x2t" exact in tf32 (also fp16);
     the other precisions assume nothing."""
-    if prec in ("bf16x3e", "bf16x3e_free", "bf16x3e_cvt", "bf16x2"):
+    if prec in ("bf16x3e", "bf16x3e_cvt", "bf16x2"):
         return b in _BF16_EXACT
     if prec == "tf32x2t":
         return b in _BF16_EXACT + (torch.float16,)
@@ -83,32 +83,32 @@ def bf16_split(a):
 def bf16_split3(a, EXACT: tl.constexpr, PREC: tl.constexpr):
     """(hi, mid, lo) bf16 with a ~= hi + mid + lo: hi = bf16(a), mid = bf16(a - hi), lo = bf16(a - hi - mid);
     |a - hi - mid - lo| <= 2^-24 |a| (each rounding leaves at most 2^-8 of what it rounds).
-    How (the same roundings, bit for bit): on the GPU in inline PTX, two elements at a time
-    (_bf16_split3_pairs), pinned where `a` is ("bf16x3e") or where Triton places it
-    ("bf16x3e_free"); with Triton's conversions ("bf16x3e_cvt", and under the CPU interpreter
-    (EXACT), which cannot run inline PTX)."""
+    The same roundings, bit for bit, either way: on the GPU in inline PTX ("bf16x3e",
+    _bf16_split3_pairs), or by Triton's conversions ("bf16x3e_cvt", the way before session 27,
+    kept for A/Bs; and under the CPU interpreter (EXACT), which cannot run inline PTX)."""
     if EXACT or (PREC == "bf16x3e_cvt"):
         hi = a.to(tl.bfloat16, fp_downcast_rounding="rtne")
         r = a - hi.to(tl.float32)
         mid = r.to(tl.bfloat16, fp_downcast_rounding="rtne")
         lo = (r - mid.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
     else:
-        hi, mid, lo = _bf16_split3_pairs(a, PREC != "bf16x3e_free")
+        hi, mid, lo = _bf16_split3_pairs(a)
     return hi, mid, lo
 
 
 @triton.jit
-def _bf16_split3_pairs(a, PIN: tl.constexpr):
+def _bf16_split3_pairs(a):
     """bf16_split3 of fp32 a in inline PTX, a pair of elements per instruction: each term one
     cvt.rn.bf16x2.f32 (round to nearest even, as Triton's conversion) straight into the packed
     register an MMA operand takes, the residual from the packed word (a bf16 is the top half of
-    its fp32: a shift or a mask), 11 instructions a pair. Triton's conversions (session 26's
-    profile of the dual flush step) take one F2F per element, a byte permute to pack each pair
-    and a multiply-add to widen each term back, ~15 a pair.
-    PIN: the block is marked impure, so Triton cannot move it past a layout conversion: split
-    where `a` is, then convert the three terms. Pure, Triton may convert the fp32 `a` into
-    the MMA operand's layout first and split there, where with the warps splitting the
-    output's columns every warp holds (and splits) all of a first operand."""
+    its fp32: a shift or a mask), 11 instructions a pair. Triton's conversions take one F2F per
+    element, a byte permute to pack each pair and a multiply-add to widen each term back (~15 a
+    pair; session 26's profile of the GDN dual flush step: a third of its chunk loop).
+    Pure, so Triton places it: in the dual flush step it splits after converting the fp32 chunk
+    into the MMA operand's layout (each of the two warps then splits all of it: 829 SASS
+    instructions a chunk on sm_90, 208 registers). Marked impure it stays where `a` is, each
+    warp splitting its half and the three terms converted (688 instructions, but 249 registers
+    and 47 KiB of shared memory): 1-2 % slower on the H200 (docs/kernels.md, session 27)."""
     return tl.inline_asm_elementwise(
         """{
         .reg .b32 w0, w1;
@@ -125,13 +125,13 @@ def _bf16_split3_pairs(a, PIN: tl.constexpr):
         sub.f32 r1, r1, w1;
         cvt.rn.bf16x2.f32 $2, r1, r0;
         }""",
-        "=r,=r,=r,r,r", [a], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=not PIN, pack=2)
+        "=r,=r,=r,r,r", [a], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
 
 
 @triton.jit
 def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
     """acc + a @ b (float32 accumulator) at precision PREC (module doc)."""
-    if (PREC == "bf16x3e") or (PREC == "bf16x3e_free") or (PREC == "bf16x3e_cvt"):   # b exact in bf16
+    if (PREC == "bf16x3e") or (PREC == "bf16x3e_cvt"):   # b exact in bf16
         hi, mid, lo = bf16_split3(a.to(tl.float32), EXACT, PREC)     # (smallest term first)
         if EXACT:   # the CPU interpreter mis-evaluates bf16 dots: the same products in fp32
             b32 = b.to(tl.float32)
@@ -172,7 +172,7 @@ def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 def mm(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
     """a @ b -> float32 at precision PREC (module doc)."""
     if (PREC == "tf32x2t") or (PREC == "tf32x3t") or (PREC == "bf16x2") or (PREC == "bf16x3e") \
-            or (PREC == "bf16x3e_free") or (PREC == "bf16x3e_cvt"):
+            or (PREC == "bf16x3e_cvt"):
         r = mma_acc(a, b, tl.zeros([a.shape[0], b.shape[1]], tl.float32), PREC, EXACT)
     elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")

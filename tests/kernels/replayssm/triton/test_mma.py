@@ -51,15 +51,15 @@ def _run(a, b, prec, acc=None):
 # (one lost tf32 rounding of the low part), Triton's tf32x3 ~2^-22; bf16x2 2^-16 (the bf16
 # rounding of the low part; Triton's bf16x3 is the same against an operand exact in bf16);
 # bf16x3e ~2^-24 (what three bf16 terms leave, as fp32 rounding, and the fp32 accumulation)
-# ("bf16x3e_free", "bf16x3e_cvt": the same terms, split elsewhere or by Triton's conversions)
+# ("bf16x3e_cvt": the same terms, split by Triton's conversions)
 BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19, "bf16x2": 2.0 ** -15,
-         "bf16x3e": 2.0 ** -21, "bf16x3e_free": 2.0 ** -21, "bf16x3e_cvt": 2.0 ** -21}
+         "bf16x3e": 2.0 ** -21, "bf16x3e_cvt": 2.0 ** -21}
 
 
 @pytest.mark.parametrize("prec,b_dtype", [("tf32x2t", torch.bfloat16), ("tf32x3t", torch.float32),
                                           ("tf32x3", torch.float32), ("bf16x2", torch.bfloat16),
                                           ("bf16x3e", torch.bfloat16), ("bf16x3e", torch.float8_e4m3fn),
-                                          ("bf16x3e_free", torch.bfloat16), ("bf16x3e_cvt", torch.bfloat16)])
+                                          ("bf16x3e_cvt", torch.bfloat16)])
 @pytest.mark.parametrize("with_acc", [False, True])
 def test_products_within_bound(prec, b_dtype, with_acc):
     g = gen(11)
@@ -99,9 +99,9 @@ def test_bf16_split3_leaves_at_most_fp32_rounding():
 
 
 @pytest.mark.skipif(not CUDA, reason="inline PTX: the interpreter runs Triton's conversions in every case")
-@pytest.mark.parametrize("prec", ["bf16x3e", "bf16x3e_free", "bf16x3e_cvt"])
+@pytest.mark.parametrize("prec", ["bf16x3e", "bf16x3e_cvt"])
 def test_bf16_split3_terms_are_torchs_nearest_roundings(prec):
-    """The split in inline PTX (bf16x3e, _free) and by Triton's conversions (_cvt) gives, bit for
+    """The split in inline PTX (bf16x3e) and by Triton's conversions (_cvt) gives, bit for
     bit, the terms torch's round-to-nearest-even casts give: hi = bf16(a), mid = bf16(a - hi),
     lo = bf16(a - hi - mid) -- including ties, subnormals, zeros, infinities and NaN."""
     g = gen(14)
