@@ -19,7 +19,11 @@ exact in bf16 and a = hi + mid + lo, three bf16 roundings (each term the bf16 ne
 the terms before it left; |a - hi - mid - lo| <= 2^-24 |a|, as fp32's own rounding), three
 bf16 MMAs, ~2^-23 per product with the fp32 accumulation: tighter than "tf32x2t" for fewer MMA
 instructions (bf16 takes 16 of K per instruction, tf32 8), and b stays a bf16 operand (half
-the registers of fp32 b). Triton's CPU interpreter truncates to bf16 (2^-21 in all there).
+the registers of fp32 b). "bf16x6": both operands fp32, each as three such terms, the six
+products whose terms' orders sum to at most 2^-16 (a1 b1; a1 b2, a2 b1; a1 b3, a2 b2, a3 b1),
+~2^-23 per product: for small fp32 x fp32 products, six bf16 MMAs against "tf32x3"'s six tf32
+ones, without its cvt.rna selects. Triton's CPU interpreter truncates to bf16 (2^-21 in all there).
+"bf16x3e_cvt": "bf16x3e" with the split by Triton's conversions (bf16_split3).
 Under Triton's CPU interpreter (EXACT), which mis-evaluates bf16 dots and knows only some
 precisions, every tl.dot product runs in fp32 ("ieee"); the truncation splits run as written
 there (their tf32 dots in fp32), so the CPU tests check their algebra, the GPU tests their error.
@@ -150,6 +154,19 @@ def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
         else:
             b16 = b.to(tl.bfloat16)
             r = tl.dot(hi, b16, tl.dot(lo, b16, acc))
+    elif PREC == "bf16x6":      # both fp32: three bf16 terms each, the six products above 2^-24
+        a1, a2, a3 = bf16_split3(a.to(tl.float32), EXACT, "bf16x3e")
+        b1, b2, b3 = bf16_split3(b.to(tl.float32), EXACT, "bf16x3e")
+        if EXACT:   # the CPU interpreter mis-evaluates bf16 dots: the same products in fp32
+            a1, a2, a3 = a1.to(tl.float32), a2.to(tl.float32), a3.to(tl.float32)
+            b1, b2, b3 = b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
+            r = tl.dot(a3, b1, tl.dot(a2, b2, tl.dot(a1, b3, acc, input_precision="ieee"), input_precision="ieee"),
+                       input_precision="ieee")
+            r = tl.dot(a1, b1, tl.dot(a2, b1, tl.dot(a1, b2, r, input_precision="ieee"), input_precision="ieee"),
+                       input_precision="ieee")
+        else:
+            r = tl.dot(a3, b1, tl.dot(a2, b2, tl.dot(a1, b3, acc)))
+            r = tl.dot(a1, b1, tl.dot(a2, b1, tl.dot(a1, b2, r)))
     elif PREC == "tf32x2t":     # b exact in tf32; small term first
         b32 = b.to(tl.float32)
         hi, lo = tf32_split(a.to(tl.float32))
@@ -172,7 +189,7 @@ def mma_acc(a, b, acc, PREC: tl.constexpr, EXACT: tl.constexpr):
 def mm(a, b, PREC: tl.constexpr, EXACT: tl.constexpr):
     """a @ b -> float32 at precision PREC (module doc)."""
     if (PREC == "tf32x2t") or (PREC == "tf32x3t") or (PREC == "bf16x2") or (PREC == "bf16x3e") \
-            or (PREC == "bf16x3e_cvt"):
+            or (PREC == "bf16x3e_cvt") or (PREC == "bf16x6"):
         r = mma_acc(a, b, tl.zeros([a.shape[0], b.shape[1]], tl.float32), PREC, EXACT)
     elif EXACT:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")

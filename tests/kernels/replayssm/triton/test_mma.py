@@ -53,13 +53,13 @@ def _run(a, b, prec, acc=None):
 # bf16x3e ~2^-24 (what three bf16 terms leave, as fp32 rounding, and the fp32 accumulation)
 # ("bf16x3e_cvt": the same terms, split by Triton's conversions)
 BOUND = {"tf32x2t": 2.0 ** -19, "tf32x3t": 2.0 ** -19, "tf32x3": 2.0 ** -19, "bf16x2": 2.0 ** -15,
-         "bf16x3e": 2.0 ** -21, "bf16x3e_cvt": 2.0 ** -21}
+         "bf16x3e": 2.0 ** -21, "bf16x3e_cvt": 2.0 ** -21, "bf16x6": 2.0 ** -21}
 
 
 @pytest.mark.parametrize("prec,b_dtype", [("tf32x2t", torch.bfloat16), ("tf32x3t", torch.float32),
                                           ("tf32x3", torch.float32), ("bf16x2", torch.bfloat16),
                                           ("bf16x3e", torch.bfloat16), ("bf16x3e", torch.float8_e4m3fn),
-                                          ("bf16x3e_cvt", torch.bfloat16)])
+                                          ("bf16x3e_cvt", torch.bfloat16), ("bf16x6", torch.float32)])
 @pytest.mark.parametrize("with_acc", [False, True])
 def test_products_within_bound(prec, b_dtype, with_acc):
     g = gen(11)
