@@ -231,6 +231,10 @@ REPLAY_CASES = [
     ("dual-bf16-tall-split-foldmma-bf16x3e", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 4, "F_FOLD_MMA": True, "F_P_PREC": "bf16x3e",
       "F_FOLD_PREC": "bf16x3e"}),
+    # and the triangular solve's small fp32 products as six bf16 MMAs (mma "bf16x6", session 27)
+    ("dual-bf16-tall-split-foldmma-bf16x6", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
+     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 4, "F_FOLD_MMA": True, "F_P_PREC": "bf16x3e",
+      "F_FOLD_PREC": "bf16x3e", "F_SMALL_PREC": "bf16x6"}),
     ("f32-gqa-split-foldmma-bf16x3e", GQA, "replay", "float32", None, torch.bfloat16, 5, 4,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_FOLD_PREC": "bf16x3e"}),
     # session 25: the flush step's stores through TMA too (ST_TMA: high copy, 16-bit low copy; an
