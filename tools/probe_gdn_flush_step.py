@@ -6,7 +6,7 @@
 (mma "bf16x3e") as shipped (inline PTX) and by Triton's conversions ("_cvt", session 26's), for
 dual, fp32 and bf16 states; the flush step at depth 2 under a 200-register budget (dual: 5
 programs per SM; the others' registers are below it); the dual flush step's small fp32
-products as six bf16 MMAs ("bf16x6"; the others have none). probe_flush_step_s27a.txt ran a third,
+products in Triton's "tf32x3" (before session 27's "bf16x6"; the other flush steps have none). probe_flush_step_s27a.txt ran a third,
 the PTX marked impure, since removed.
 
 "write_o" (session 26): what the dual flush step would take without its
@@ -35,7 +35,7 @@ SPLIT = {   # name: (config over the table's row, WRITE_O); P_PREC is the dual f
     "table": ({}, True),
     "split by Triton's conversions": (_CVT, True),
     "depth 2, maxnreg 200": ({"F_num_stages": 2, "F_maxnreg": 200}, True),
-    "small products bf16x6": ({"F_SMALL_PREC": "bf16x6"}, True),
+    "small products tf32x3": ({"F_SMALL_PREC": "tf32x3"}, True),
 }
 WRITE_O = {   # name: (config over the table's row, WRITE_O)
     "table": ({}, True),

@@ -403,8 +403,10 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
              dict(F_num_stages=2), dict(F_num_stages=2, F_maxnreg=200), dict(F_maxnreg=200),
              dict(F_maxnreg=168), dict(F_SMALL_PREC="bf16x6"))] if m == "dual-bf16" else []) + [_table(m, b)], b, ("q122b", "q4b"))
             for m in ("dual-bf16", "f32", "bf16") for b in (64, 128, 256, 512)},
-         **{f"small6-b{b}": ("dual-bf16", [_table("dual-bf16", b), _table("dual-bf16", b, F_SMALL_PREC="bf16x6"),
-                                          _table("dual-bf16", b)], b, ("q122b", "q4b")) for b in (32, 64, 128, 256, 512)},
+         # (tune_gdn_s27c.txt, b256 / b512: bf16x6 0.7-0.9 % faster; shipped, so since then the
+         # lists' table rows are bf16x6 and the variant is the "tf32x3" before)
+         **{f"small6-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_SMALL_PREC="tf32x3"), _table(m, b)], b,
+                                 ("q122b", "q4b")) for m in ("dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)},
          # session 26: dual states at batch 1 ran 0.984-0.990x our fp32 eager at Qwen3.5-4B dims in
          # every paper sweep since s18 (3.08 vs 3.04 us), where fp32 replay, the same route kernel
          # without DUAL, ties it. The DUAL rare path (u recomputed against the high copy) is inline

@@ -95,6 +95,12 @@ _DUAL_FLUSH_X3E = dict(_DUAL_FLUSH, P_PREC="bf16x3e", FOLD_PREC="bf16x3e", num_s
 # copy), and the chunk loop is software-pipelined at depth 3 (Triton's pipeliner: the next
 # chunks' TMA copies wait in shared memory, 37 KiB, not in registers), without prefetch hints
 _DUAL_FLUSH_ST = dict(_DUAL_FLUSH_X3E, num_stages=3, ST_TMA=True, PF=0)
+# Session 27: the small fp32 products (the triangular solve's rounds, U = R + R X) as six bf16
+# MMAs of three-term splits (mma "bf16x6", ~2^-23) instead of Triton's "tf32x3" (~2^-22, whose
+# cvt.rna runs as selects): 1751 -> 1356 SASS instructions per head on sm_90; whole step, dual
+# bf16, Qwen3.5-122B / Qwen3.5-4B, us (tune_gdn_s27c.txt): b256 235.5-236.4 / 119.6-119.8 vs
+# 234.1 / 118.7, b512 448.2-449.4 / 234.7-234.9 vs 445.2 / 233.1; the high copy's error unchanged
+_DUAL_FLUSH_S6 = dict(_DUAL_FLUSH_ST, SMALL_PREC="bf16x6")
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager: 4 rows x 1 warp at every batch. Session 17 (tune_gdn_s17a-c.txt), us, Qwen3.5-122B /
     # Qwen3.5-4B, against the rows it replaces (8 x 2 warps at batch 5-64, 16 x 1 above): b8 18.1 /
@@ -267,10 +273,10 @@ CONFIGS: dict[str, list[tuple]] = {
     # 399.0 / 218.3 vs 371.5 / 205.9. Each part alone is worth less: the TMA stores alone slower
     # (b256 259.0 / 141.8), depth 3 alone 250.0 / 137.0, both with the hints 249.6 / 137.0; depth 2
     # or 4 no better; L2 hints (PF 1) 240.8 at Qwen3.5-122B b256 but 137.0 at Qwen3.5-4B
-    "flush_step_dual": [(1024, 16, 2, dict(_DUAL_FLUSH_ST, NR=1)),
-                        (2048, 16, 2, dict(_DUAL_FLUSH_ST, NR=2)),
-                        (4096, 16, 2, dict(_DUAL_FLUSH_ST, NR=4)),
-                        (None, 16, 2, dict(_DUAL_FLUSH_ST, NR=8))],
+    "flush_step_dual": [(1024, 16, 2, dict(_DUAL_FLUSH_S6, NR=1)),
+                        (2048, 16, 2, dict(_DUAL_FLUSH_S6, NR=2)),
+                        (4096, 16, 2, dict(_DUAL_FLUSH_S6, NR=4)),
+                        (None, 16, 2, dict(_DUAL_FLUSH_S6, NR=8))],
     # the speculative commit (plan_commit), fp32 states: the flush step's fold over up to K + T - 1
     # entries (32-entry tiles at T <= 16), a whole head per program, over the rows the cursor launch
     # lists (COMPACT), the fold's fp32 side split by truncation (FOLD_SPLIT). T4 verify + commit round
