@@ -5,9 +5,10 @@
 "split" (session 27, the default): the three-term bf16 split of its products against the keys
 (mma "bf16x3e") as shipped (inline PTX) and by Triton's conversions ("_cvt", session 26's), for
 dual, fp32 and bf16 states; the flush step at depth 2 under a 200-register budget (dual: 5
-programs per SM; the others' registers are below it); the dual flush step's small fp32
-products in Triton's "tf32x3" (before session 27's "bf16x6"; the other flush steps have none). probe_flush_step_s27a.txt ran a third,
-the PTX marked impure, since removed.
+programs per SM; the others' registers are below it); the dual flush step's small fp32 products
+in Triton's "tf32x3" (before session 27's "bf16x6"; the other flush steps have none).
+probe_flush_step_s27a.txt ran a third variant, the PTX marked impure, since removed, and no
+"tf32x3" one (then the table's).
 
 "write_o" (session 26): what the dual flush step would take without its
 output rewrite, and under a register budget that this would let it fit.

@@ -394,15 +394,18 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # per element, a permute to pack, a multiply-add to widen; the dual flush step's chunk loop
          # 955 SASS instructions on sm_90 offline, 829 with the PTX). Timed first (tune_gdn_s27a.txt)
          # with the PTX also marked impure (pinned where the fp32 chunk is: 688 instructions but 249
-         # registers), 1-2 % slower than pure, since removed. Dual rows also at depth 2, under
-         # register budgets (200: 5 programs per SM, no spill; 168: 6, a 64-byte spill), and with
-         # the small fp32 products (the triangular solve's, U = R + R X) as six bf16 MMAs
-         # ("bf16x6", ~2^-23) instead of Triton's "tf32x3" (~2^-22, its cvt.rna selects): the
-         # per-head setup 1751 -> 1356 SASS instructions, the chunk loop 829 -> 796
-         **{f"split3-{m}-b{b}": (m, [_table(m, b), _table(m, b, **_x3(m, "bf16x3e_cvt"))] + ([_table(m, b, **o) for o in (
-             dict(F_num_stages=2), dict(F_num_stages=2, F_maxnreg=200), dict(F_maxnreg=200),
-             dict(F_maxnreg=168), dict(F_SMALL_PREC="bf16x6"))] if m == "dual-bf16" else []) + [_table(m, b)], b, ("q122b", "q4b"))
+         # registers), 1-2 % slower than pure, since removed. Dual rows also at depth 2 and under
+         # register budgets (200: 5 programs per SM, no spill; 168: 6, a 64-byte spill), and (since
+         # the table's small products are "bf16x6", below) with them in Triton's "tf32x3" as before
+         **{f"split3-{m}-b{b}": (m, [_table(m, b), _table(m, b, **_x3(m, "bf16x3e_cvt"))]
+                                 + ([_table(m, b, **o) for o in (
+                                     dict(F_num_stages=2), dict(F_num_stages=2, F_maxnreg=200), dict(F_maxnreg=200),
+                                     dict(F_maxnreg=168), dict(F_SMALL_PREC="tf32x3"))] if m == "dual-bf16" else [])
+                                 + [_table(m, b)], b, ("q122b", "q4b"))
             for m in ("dual-bf16", "f32", "bf16") for b in (64, 128, 256, 512)},
+         # the dual flush step's small fp32 products (the triangular solve's rounds, U = R + R X) as
+         # six bf16 MMAs ("bf16x6", ~2^-23) against Triton's "tf32x3" (~2^-22, its cvt.rna selects):
+         # offline the per-head setup 1751 -> 1356 SASS instructions, the chunk loop 829 -> 796
          # (tune_gdn_s27c.txt, b256 / b512: bf16x6 0.7-0.9 % faster; shipped, so since then the
          # lists' table rows are bf16x6 and the variant is the "tf32x3" before)
          **{f"small6-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_SMALL_PREC="tf32x3"), _table(m, b)], b,
