@@ -99,7 +99,10 @@ _DUAL_FLUSH_ST = dict(_DUAL_FLUSH_X3E, num_stages=3, ST_TMA=True, PF=0)
 # MMAs of three-term splits (mma "bf16x6", ~2^-23) instead of Triton's "tf32x3" (~2^-22, whose
 # cvt.rna runs as selects): 1751 -> 1356 SASS instructions per head on sm_90; whole step, dual
 # bf16, Qwen3.5-122B / Qwen3.5-4B, us (tune_gdn_s27c.txt): b256 235.5-236.4 / 119.6-119.8 vs
-# 234.1 / 118.7, b512 448.2-449.4 / 234.7-234.9 vs 445.2 / 233.1; the high copy's error unchanged
+# 234.1 / 118.7, b512 448.2-449.4 / 234.7-234.9 vs 445.2 / 233.1; then as the table's rows vs
+# "tf32x3" (_s27d.txt): b32 42.1-42.2 / 24.0-24.1 vs 43.1 / 24.7, b64 71.0 / 40.1 vs 71.9 / 41.0,
+# b128 120.9-121.1 / 67.5-67.6 vs 122.1 / 68.5, dual fp8 b256 184.6-184.7 / 101.3 vs 186.6 / 103.3;
+# the high copy's error unchanged
 _DUAL_FLUSH_S6 = dict(_DUAL_FLUSH_ST, SMALL_PREC="bf16x6")
 CONFIGS: dict[str, list[tuple]] = {
     # fp32 eager: 4 rows x 1 warp at every batch. Session 17 (tune_gdn_s17a-c.txt), us, Qwen3.5-122B /
