@@ -24,6 +24,7 @@ under the reference's semantics (the flushing rows keep the output launch's, whi
 them): the outputs are not checked. What it measures is how much the rewrite costs, i.e.
 whether the semantics change that would drop it (flush-step outputs from the low copy, as
 every other step) could pay for the output launch's extra reads of the flushing rows."""
+import functools
 import os
 import sys
 
@@ -45,12 +46,15 @@ WRITE_O = {   # name: (config over the table's row, WRITE_O)
     "no WRITE_O, maxnreg 168": ({"F_maxnreg": 168}, False),
     "no WRITE_O, maxnreg 128": ({"F_maxnreg": 128}, False),
 }
+# variant set name: (variants, cases (model, mode, batch))
+SETS = {
+    "split": (SPLIT, [(m, mode, 256) for mode in ("dual-bf16", "f32", "bf16") for m in ("q122b", "q4b")]
+              + [("q122b", "dual-bf16", 512)]),
+    "write_o": (WRITE_O, [("q122b", "dual-bf16", 256), ("q4b", "dual-bf16", 256), ("q122b", "dual-bf16", 512)]),
+}
 
 
-VARIANTS = SPLIT
-
-
-def run(model: str, mode: str, batch: int) -> None:
+def run(model: str, mode: str, batch: int, variants: dict) -> None:
     layers, x, idx, o, nl = T.probe_layers(model, mode, batch)
     base = [T.plans_for("replay", {}, rs, x, idx, o) for rs in layers]
     for p in base:       # the scratch (nxt) the flush step reads: one output launch per layer
@@ -58,7 +62,7 @@ def run(model: str, mode: str, batch: int) -> None:
 
     us = T.time_graph(T.launch_only(base, 0)) / (T.K * nl)
     print(f"{model} {mode} b{batch} {'output launch only':34s} {us:8.1f} us", flush=True)
-    for name, (cfg, write_o) in VARIANTS.items():
+    for name, (cfg, write_o) in variants.items():
         plans = [T.plans_for("replay", cfg, rs, x, idx, o) for rs in layers]
         for p in plans:
             p[1][3]["WRITE_O"] = write_o
@@ -71,11 +75,7 @@ def run(model: str, mode: str, batch: int) -> None:
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "split"
-    if which not in ("split", "write_o"):
-        sys.exit(f"probe_gdn_flush_step.py: unknown variant set {which!r}; allowed: split, write_o")
-    if which == "write_o":
-        VARIANTS = WRITE_O
-        T.run_probe(run, [("q122b", "dual-bf16", 256), ("q4b", "dual-bf16", 256), ("q122b", "dual-bf16", 512)])
-    else:
-        T.run_probe(run, [(m, mode, 256) for mode in ("dual-bf16", "f32", "bf16") for m in ("q122b", "q4b")]
-                    + [("q122b", "dual-bf16", 512)])
+    if which not in SETS:
+        sys.exit(f"probe_gdn_flush_step.py: unknown variant set {which!r}; allowed: {', '.join(SETS)}")
+    variants, cases = SETS[which]
+    T.run_probe(functools.partial(run, variants=variants), cases)
