@@ -58,7 +58,7 @@ from ..state import CURSOR_MASK, LO_STALE
 from .common import cast, clear_lo_stale_kernel, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint, silu, \
     softplus
 from .launch import Launch, cache_lines, last_contig, out_like, pdl_meta, state_scratch, tma_rows
-from .mma import mma_acc, mma_precision
+from .mma import bf16_split3, mma_acc, mma_precision
 from .offline import compile_launch
 
 _CUR_MASK = tl.constexpr(CURSOR_MASK)
@@ -424,10 +424,7 @@ def _outer_sum(xw, bm, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.
     if USE_DOT:
         if DOT_PREC == "bf16x3":
             b16 = bm.to(tl.bfloat16)
-            hi = xw.to(tl.bfloat16)
-            r = xw - hi.to(tl.float32)
-            mid = r.to(tl.bfloat16)
-            lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+            hi, mid, lo = bf16_split3(xw, EXACT, "bf16x3e_cvt")     # (Triton's conversions, as timed)
             if EXACT:   # the CPU interpreter mis-evaluates bf16 dots: same products in fp32
                 b32 = b16.to(tl.float32)
                 acc = tl.dot(tl.trans(hi.to(tl.float32)), b32, input_precision="ieee")
