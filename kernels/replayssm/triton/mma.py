@@ -88,8 +88,9 @@ def bf16_split3(a, EXACT: tl.constexpr, PREC: tl.constexpr):
     """(hi, mid, lo) bf16 with a ~= hi + mid + lo: hi = bf16(a), mid = bf16(a - hi), lo = bf16(a - hi - mid);
     |a - hi - mid - lo| <= 2^-24 |a| (each rounding leaves at most 2^-8 of what it rounds).
     The same roundings, bit for bit, either way: on the GPU in inline PTX ("bf16x3e",
-    _bf16_split3_pairs), or by Triton's conversions ("bf16x3e_cvt", the way before session 27,
-    kept for A/Bs; and under the CPU interpreter (EXACT), which cannot run inline PTX)."""
+    _bf16_split3_pairs), or by Triton's conversions ("bf16x3e_cvt", the way before session 27:
+    GDN's A/Bs and Mamba-2's folds (mamba2._outer_sum, the PTX form untimed there); and under
+    the CPU interpreter (EXACT), which cannot run inline PTX)."""
     if EXACT or (PREC == "bf16x3e_cvt"):
         hi = a.to(tl.bfloat16, fp_downcast_rounding="rtne")
         r = a - hi.to(tl.float32)
