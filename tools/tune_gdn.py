@@ -216,7 +216,6 @@ def vname(c) -> str:
     opts += " tma" if c.get("TMA") else ""
     opts += " call" if c.get("PENDING_CALL") else ""
     opts += " mma" if c.get("RD_MMA") else ""
-    opts += " early" if c.get("EARLY") else ""
     if c.get("EAGER_ROUTE"):
         return f"eager-route BV{c['BLOCK_V']} w{c['num_warps']}{opts}"
     if "NR" not in c:
@@ -411,15 +410,6 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          # lists' table rows are bf16x6 and the variant is the "tf32x3" before)
          **{f"small6-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_SMALL_PREC="tf32x3"), _table(m, b)], b,
                                  ("q122b", "q4b")) for m in ("dual-bf16", "dual-fp8") for b in (32, 64, 128, 256, 512)},
-         # session 28: chunk 0's dots before the cursor (EARLY: its TMA copy in flight with the cursor
-         # and k, q instead of after the buffer's keys; Nsight Compute had 41 % of the dual output
-         # launch's stalls waiting on its one chunk in flight, ncu_out_replay-dual_s27b.txt). fp32
-         # rows: 168 registers with it (128 before), so also under a 128 budget and in 32-row chunks
-         **{f"early-{m}-b{b}": (m, [_table(m, b), _table(m, b, EARLY=True)]
-                                + ([_table(m, b, EARLY=True, maxnreg=128), _table(m, b, EARLY=True, BLOCK_V=32, NR=4)]
-                                   if m == "f32" else [_table(m, b, EARLY=True, PREFETCH=True)])
-                                + [_table(m, b)], b, ("q122b", "q4b"))
-            for m in ("dual-bf16", "f32") for b in (64, 128, 256, 512)},
          # session 26: dual states at batch 1 ran 0.984-0.990x our fp32 eager at Qwen3.5-4B dims in
          # every paper sweep since s18 (3.08 vs 3.04 us), where fp32 replay, the same route kernel
          # without DUAL, ties it. The DUAL rare path (u recomputed against the high copy) is inline

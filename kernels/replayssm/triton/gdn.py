@@ -822,13 +822,6 @@ def _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK: tl.constexpr, F16
     else:
         Sb = tl.load(rd_ptr + row[:, None] * DK + cols[None, :], mask=rm[:, None] & (cols < DK)[None, :], other=0.0,
                      eviction_policy="evict_first")
-    return _mma_dots(Sb, KQ, F16, INTERP)
-
-
-@triton.jit
-def _mma_dots(Sb, KQ, F16: tl.constexpr, INTERP: tl.constexpr):
-    """(S k, S q) [R] of a 16-bit chunk Sb [R, BLOCK_K] (its copy's dtype) times KQ
-    (_kq_operand): _rd_dots_mma's product, for a chunk already loaded."""
     if INTERP:
         P = tl.dot(Sb.to(tl.float32), KQ, input_precision="ieee")
     else:
@@ -840,31 +833,6 @@ def _mma_dots(Sb, KQ, F16: tl.constexpr, INTERP: tl.constexpr):
         sk = sk * (1.0 / _F16_KQ_SCALE)
         sq = sq * (1.0 / _F16_KQ_SCALE)
     return sk, sq
-
-
-@triton.jit
-def _chunk_dots(rd_ptr, rd_desc, row, row0, rm, cols, cp, KQ, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3,
-                DK: tl.constexpr, PK: tl.constexpr, RD_KIND: tl.constexpr, TMA: tl.constexpr, RD_MMA: tl.constexpr,
-                INTERP: tl.constexpr):
-    """(S k, S q) [R] of one chunk of the read copy: _rd_dots_mma (RD_MMA; KQ its operand) or
-    _rd_dots (KQ unused)."""
-    if RD_MMA:
-        return _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK, RD_KIND == 2, TMA, INTERP)
-    else:
-        return _rd_dots(rd_ptr, rd_desc, row, row0, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3, DK, PK,
-                        RD_KIND, TMA, INTERP)
-
-
-@triton.jit
-def _unit_inputs(k_raw, q, scale, EPS: tl.constexpr):
-    """This step's key and query [BLOCK_K] (fp32 q, k in its own dtype) L2-normalised, q times
-    `scale`: (kn, qn, k . q, 1 / |k|, scale / |q|)."""
-    kn = k_raw.to(tl.float32)
-    k_inv = tl.rsqrt(tl.sum(kn * kn, 0) + EPS)
-    q_inv = tl.rsqrt(tl.sum(q * q, 0) + EPS) * scale
-    kn = kn * k_inv
-    qn = q * q_inv
-    return kn, qn, tl.sum(kn * qn, 0), k_inv, q_inv
 
 
 @triton.jit
@@ -881,7 +849,7 @@ def _gdn_replay_kernel(
     RD_LPR: tl.constexpr, RD_LS: tl.constexpr, HI_LPR: tl.constexpr, HI_LS: tl.constexpr, U_LPR: tl.constexpr,
     HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
     GDC: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None, TMA: tl.constexpr = False,
-    RD_MMA: tl.constexpr = False, EARLY: tl.constexpr = False,
+    RD_MMA: tl.constexpr = False,
 ):
     """One ReplaySSM step. A program owns HP value heads (of one key head) x NR chunks of
     BLOCK_R rows of one sequence and streams its HP * NR chunks (state rows, buffered u rows,
@@ -977,19 +945,6 @@ def _gdn_replay_kernel(
                 qn_3 = tl.load(qq_in + 3, mask=cp * PK + 3 < DK, other=0.0).to(tl.float32)
         g2 = tl.load(g_ptr + b * sgb + (h0 + hidx) * sgh).to(tl.float32)       # [HP]
         b2 = tl.load(beta_ptr + b * sbb + (h0 + hidx) * sbh).to(tl.float32)    # [HP]
-        if EARLY:
-            # chunk 0's dots now, its TMA copy issued while the cursor and k, q are in flight: no
-            # load of the program waits on the cursor before its first chunk is asked for
-            tl.static_assert(TMA and SPLIT and (RD_MMA or PK == 1), "EARLY: SPLIT rows through TMA, fp32 or RD_MMA")
-            S0 = rd_desc.load([((slot64 * HV + h0) * DV + r0).to(tl.int32), 0])
-            kn, qn, kq, k_inv, q_inv = _unit_inputs(k_raw, qn, scale, EPS)
-            if RD_MMA:
-                KQ = _kq_operand(kn, qn, RD_KIND == 2, INTERP)
-                sk0, sq0 = _mma_dots(S0, KQ, RD_KIND == 2, INTERP)
-            else:
-                S0 = S0.to(tl.float32)
-                sk0 = tl.sum(S0 * kn[None, :], 1)
-                sq0 = tl.sum(S0 * qn[None, :], 1)
         # 4. buffer: keys [BL, dk] and decays [HP, BL]
         e = slot64 * L + ei
         if PREFETCH:
@@ -1013,16 +968,18 @@ def _gdn_replay_kernel(
         if PREFETCH:   # rows >= n may hold anything (even non-finite): zero them
             kb = tl.where(em[:, None], kb, 0.0)
             G2 = tl.where(em[None, :], G2, 0.0)
-        if not EARLY:
-            kn, qn, kq, k_inv, q_inv = _unit_inputs(k_raw, qn, scale, EPS)
+        kn = k_raw.to(tl.float32)
+        k_inv = tl.rsqrt(tl.sum(kn * kn, 0) + EPS)
+        q_inv = tl.rsqrt(tl.sum(qn * qn, 0) + EPS) * scale
+        kn = kn * k_inv
+        qn = qn * q_inv
+        kq = tl.sum(kn * qn, 0)
         if PK > 1:
             kn_0, kn_1, kn_2, kn_3 = kn_0 * k_inv, kn_1 * k_inv, kn_2 * k_inv, kn_3 * k_inv
             qn_0, qn_1, qn_2, qn_3 = qn_0 * q_inv, qn_1 * q_inv, qn_2 * q_inv, qn_3 * q_inv
         else:
             kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2, qn_3 = kn, kn, kn, kn, qn, qn, qn, qn
-        if not RD_MMA:
-            KQ = kn      # (_chunk_dots' MMA operand, unused)
-        elif not EARLY:   # k and q as one MMA operand, once per program (_rd_dots_mma)
+        if RD_MMA:   # k and q as one MMA operand, once per program (_rd_dots_mma)
             KQ = _kq_operand(kn, qn, RD_KIND == 2, INTERP)
         rn = tl.rsqrt(tl.sum(kb * kb, 1) + EPS)                                  # key norms [BL]
         kk_ = tl.sum(kb * kn[None, :], 1) * rn
@@ -1123,14 +1080,11 @@ def _gdn_replay_kernel(
                               mask=um[None, :] & rm[:, None], other=0.0).to(tl.float32)     # [BR, BL]
                 v_c = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0).to(tl.float32)
                 row0 = ((slot64 * HV + h) * DV + rs).to(tl.int32)    # the chunk's first row (TMA)
-                if EARLY:
-                    skc, sqc = sk0, sq0
-                    if j > 0:
-                        skc, sqc = _chunk_dots(rd_ptr, rd_desc, row, row0, rm, cols, cp, KQ, kn_0, kn_1, kn_2, kn_3,
-                                               qn_0, qn_1, qn_2, qn_3, DK, PK, RD_KIND, TMA, RD_MMA, INTERP)
+                if RD_MMA:
+                    skc, sqc = _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK, RD_KIND == 2, TMA, INTERP)
                 else:
-                    skc, sqc = _chunk_dots(rd_ptr, rd_desc, row, row0, rm, cols, cp, KQ, kn_0, kn_1, kn_2, kn_3, qn_0,
-                                           qn_1, qn_2, qn_3, DK, PK, RD_KIND, TMA, RD_MMA, INTERP)
+                    skc, sqc = _rd_dots(rd_ptr, rd_desc, row, row0, rm, cp, kn_0, kn_1, kn_2, kn_3, qn_0, qn_1, qn_2,
+                                        qn_3, DK, PK, RD_KIND, TMA, INTERP)
                 if RD_FP8:
                     skc = skc * sc_c
                     sqc = sqc * sc_c
@@ -2134,16 +2088,13 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
         else:
             words = rd.view(torch.int32) if pk > 1 else rd
             descs = tma_rows(words, dk // pk, [(rm["BLOCK_R"], cfg["BLOCK_K"] // pk)], "TMA", asked)
-    # EARLY: chunk 0's dots before the cursor (SPLIT rows through TMA, fp32 or RD_MMA copies)
-    early = bool(cfg.get("EARLY")) and split and descs is not None and (rd_mma or pk == 1)
     args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt, descs[0] if descs else rd,
             *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     (rd_lpr, rd_ls), (hi_lpr, hi_ls) = cache_lines(rd, dk), cache_lines(rs.hi.data, dk)
     u_lpr = triton.next_power_of_2(triton.cdiv(rm["BLOCK_R"] * rs.u.element_size(), 128))
     meta = dict(BLOCK_K=cfg["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"],
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, SPLIT=split, PK=pk, RD_KIND=kind, RD_LPR=rd_lpr,
-                RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, TMA=descs is not None, RD_MMA=rd_mma, EARLY=early,
-                **rm,
+                RD_LS=rd_ls, HI_LPR=hi_lpr, HI_LS=hi_ls, U_LPR=u_lpr, TMA=descs is not None, RD_MMA=rd_mma, **rm,
                 **ck_meta)
     _launch_options(meta, cfg)
     plans = [(_gdn_replay_kernel, grid, args, meta)]

@@ -176,7 +176,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None, ptx_split=False)
+                       maxnreg=None, pf=0, bc=False, pdl=None)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -242,7 +242,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
-# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=, ptx_split=) and OVERRIDE["eager"] = dict(block_p=,
+# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=) and OVERRIDE["eager"] = dict(block_p=,
 # chunks=, warps=, evict=) replace the table entries above for every shape (only keys given).
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
@@ -290,13 +290,6 @@ FOLD_DOT_PRECISION = "tf32x3"
 
 def _fold_precision(rs) -> str:
     return "bf16x3" if rs.x.dtype == torch.bfloat16 and rs.B.dtype == torch.bfloat16 else FOLD_DOT_PRECISION
-
-
-def _step_fold_precision(rs, v: dict) -> str:
-    """The replay step's fold precision: _fold_precision's, its bf16 split in inline PTX where
-    the step's variant says ptx_split ("bf16x3e", see _outer_sum)."""
-    p = _fold_precision(rs)
-    return "bf16x3e" if p == "bf16x3" and v.get("ptx_split") else p
 
 
 def _interpreting() -> bool:
@@ -426,17 +419,12 @@ def _outer_sum(xw, bm, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.
     "bf16x3": bm holds bf16 values (a bf16 buffer), so it is exact in bf16; xw (fp32) is
         split into three bf16 parts hi + mid + lo (24 significant bits) and three bf16 MMAs
         accumulate in fp32: every product is exact, the result is fp32-accurate, and the
-        operands are half the registers of fp32 ones. Triton's conversions split xw;
-        "bf16x3e" is the same with the split in inline PTX (mma.bf16_split3, "bf16x3e": a
-        pair of elements per conversion, the same terms; the replay step's ptx_split).
+        operands are half the registers of fp32 ones.
     "tf32x3" / "ieee" / "tf32": tl.dot's input_precision on fp32 operands (other buffers)."""
     if USE_DOT:
-        if DOT_PREC == "bf16x3" or DOT_PREC == "bf16x3e":
+        if DOT_PREC == "bf16x3":
             b16 = bm.to(tl.bfloat16)
-            if DOT_PREC == "bf16x3e":
-                hi, mid, lo = bf16_split3(xw, EXACT, "bf16x3e")
-            else:
-                hi, mid, lo = bf16_split3(xw, EXACT, "bf16x3e_cvt")     # (Triton's conversions, as timed)
+            hi, mid, lo = bf16_split3(xw, EXACT, "bf16x3e_cvt")     # (Triton's conversions, as timed)
             if EXACT:   # the CPU interpreter mis-evaluates bf16 dots: same products in fp32
                 b32 = b16.to(tl.float32)
                 acc = tl.dot(tl.trans(hi.to(tl.float32)), b32, input_precision="ieee")
@@ -1517,7 +1505,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
             BLOCK_N=block_n, BLOCK_L=block_l, HAS_IDX=state_indices is not None, GDC=pdl["GDC"], num_warps=1))
     common = dict(BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=block_l, HAS_Z=z is not None,
                   HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
-                  USE_DOT=use_dot, DOT_PREC=_step_fold_precision(rs, v), EXACT=_interpreting(), EVICT=v["evict"],
+                  USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), EVICT=v["evict"],
                   FOLD_ROWS=v["fold_rows"], num_warps=warps)
     if v["maxnreg"]:
         common["maxnreg"] = v["maxnreg"]

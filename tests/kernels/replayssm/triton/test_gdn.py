@@ -262,15 +262,6 @@ REPLAY_CASES = [
      {"BLOCK_V": 16, "NR": 2, "SPLIT": True, "TMA": True, "PF": 0, "RD_MMA": True, "F_BLOCK_V": 16}),
     ("shared-bf16-tall-split-mma", TALL, "shared-low", "float32", "bfloat16", torch.float32, 6, 4,
      {"BLOCK_V": 16, "NR": 2, "SPLIT": True, "RD_MMA": True, "F_BLOCK_V": 16}),
-    # session 28: chunk 0's dots before the cursor (EARLY: its TMA copy in flight with the cursor
-    # and k, q), fp32 and RD_MMA copies, several chunks and heads per program, rows past dv
-    ("f32-tall-split-tma-early", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
-     {"BLOCK_V": 8, "NR": 2, "SPLIT": True, "TMA": True, "PF": 0, "EARLY": True, "F_BLOCK_V": 16}),
-    ("dual-bf16-even-split-mma-tma-early", EVEN, "dual", "float32", "bfloat16", torch.bfloat16, 5, 3,
-     {"BLOCK_V": 16, "NR": 2, "HP": 2, "SPLIT": True, "TMA": True, "PF": 0, "RD_MMA": True, "EARLY": True,
-      "F_BLOCK_V": 16}),
-    ("dual-f16-tall-split-mma-tma-early", TALL, "dual", "float32", "float16", torch.float32, 6, 4,
-     {"BLOCK_V": 16, "NR": 2, "SPLIT": True, "TMA": True, "PF": 0, "RD_MMA": True, "EARLY": True, "F_BLOCK_V": 16}),
     # the rank-1 folds (FOLD_MMA off) at tiles FOLD_MMA would take, now that FOLD_MMA is the default
     ("f32-tall-split-rank1", TALL, "replay", "float32", None, torch.bfloat16, 6, 4,
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": False}),
@@ -299,23 +290,6 @@ def test_fold_route_cases_take_that_route(case):
         assert plans[1][0] is TK._gdn_dual_2pass_kernel and plans[1][3]["WRITE_O"] and not plans[1][3]["COMPACT"]
     else:
         assert bool(plans[1][3].get("FOLD_MMA")) is cfg["F_FOLD_MMA"], name
-
-
-EARLY_CASES = [c for c in REPLAY_CASES if (c[-1] or {}).get("EARLY")]
-
-
-@pytest.mark.parametrize("case", EARLY_CASES, ids=[c[0] for c in EARLY_CASES])
-def test_early_cases_take_that_route(case):
-    # EARLY is dropped where it cannot apply (pointer chunks, fused rows, unpacked 8/16-bit
-    # words): the replay test of these cases must have run it
-    name, sh, mode, sd, lo, act, L, K, cfg = case
-    rs, _ = make_pair(sh, 4, L, K, mode, sd, lo, act, gen(3))
-    x = step_inputs(sh, 3, act, gen(4))
-    from replayssm.triton import gdn as TK
-    meta = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)[0][3]
-    assert meta["EARLY"] is True and meta["TMA"] is True, name
-    no_tma = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config={**cfg, "TMA": False})[0][3]
-    assert no_tma["EARLY"] is False, name
 
 
 def test_verify_precision_defaults(monkeypatch):
