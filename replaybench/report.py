@@ -682,7 +682,8 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     from .report_paper import sections as paper_sections  # paper scenario: vs vLLM next to published points
     paper_figures, paper_tables = paper_sections(df, manifest, out_dir, cpu)
     figures += paper_figures
-    extra_tables = size_tables + roof_tables + paper_tables + extra_tables
+    from .report_goals import sections as goal_sections  # the project's targets (goals.toml)
+    extra_tables = size_tables + roof_tables + paper_tables + goal_sections(df) + extra_tables
     thr = throttle_table(df)
     if len(thr):
         extra_tables.append(("Throttled measurements",

@@ -105,11 +105,8 @@ def ratios(ok: pd.DataFrame, method: str, baseline: str, spec_window: int, batch
     keys = _keys(spec_window)
     same_t = ok[ok["spec_window"] == spec_window]
     base = baseline_medians(same_t, baseline, keys)
-    rows = same_t[(same_t["method"] == method) & same_t["model"].isin(list(models))]
     out = []
-    for model in [m for m in models if m in set(rows["model"])]:
-        g = rows[rows["model"] == model]
-        rep = _pick(representative(g, _ref_state(ok[ok["model"] == model])), "backend", prefer="triton")
+    for model, rep in method_rows(ok, same_t, method, models):
         for b in batches:
             r = rep[rep["batch"] == b]
             if r.empty:
@@ -129,6 +126,17 @@ def ratios(ok: pd.DataFrame, method: str, baseline: str, spec_window: int, batch
                         "throttled": "; ".join(n for n in (_throttle_note(r, method),
                                                            _throttle_note(brow, baseline)) if n)})
     return out
+
+
+def method_rows(ok: pd.DataFrame, rows: pd.DataFrame, method: str, models):
+    """(model, its rows of `method` at one configuration) for each of `models` with such rows:
+    report.representative's configuration (the model's reference state dtype, a bf16 low copy,
+    the longest buffer), triton preferred. ok: every ok row of the run (the reference state);
+    rows: those to pick from."""
+    rows = rows[(rows["method"] == method) & rows["model"].isin(list(models))]
+    for model in [m for m in models if m in set(rows["model"])]:
+        g = rows[rows["model"] == model]
+        yield model, _pick(representative(g, _ref_state(ok[ok["model"] == model])), "backend", prefer="triton")
 
 
 def _pct_copy(row) -> float:
