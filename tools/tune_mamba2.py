@@ -29,8 +29,7 @@ version's order); -ev evict_first on the state; -r ptxas register cap; -fr rows 
 of flushing programs (default 16); -fc columns per fold chunk (default: whole rows); -pf a
 prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
 buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
-programmatic dependent); -split the split route (output-only step kernel + flush kernel),
--fw{n} its flush kernel's workers in units of batch / K, -fwarp{n} its warps. default-{flags}: the shipped tables with those flags' knobs over them
+programmatic dependent). default-{flags}: the shipped tables with those flags' knobs over them
 (default-fc32). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
@@ -108,12 +107,6 @@ def _replay_flags(ov: dict, flags: str, name: str) -> dict:
             ov["bc"] = True
         elif flag == "nopdl":
             ov["pdl"] = False
-        elif flag == "split":
-            ov["route"] = "split"
-        elif flag.startswith("fwarp"):
-            ov["flush_warps"] = int(flag[5:])
-        elif flag.startswith("fw"):
-            ov["flush_workers"] = int(flag[2:])
         else:
             raise ValueError(f"bad flag {flag!r} in {name!r}")
     return ov

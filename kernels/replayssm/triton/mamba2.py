@@ -5,8 +5,8 @@ Kernels (all CUDA-graph safe: fixed grids, every per-sequence decision on the de
     _replay_step_kernel  output-only route from checkpoint + buffer, append; fused flush
                          (fold + write checkpoint) for sequences whose cursor reaches K;
                          optionally moves the cursor itself (atomic ticket)
-    _replay_flush_kernel the second launch of the "split" route: the fold of the sequences
-                         that flush this step, by a few workers per head tile
+    _replay_flush_kernel the second launch of the "split" route (tuning alternative): the
+                         fold of the sequences that flush this step
     _buffer_bc_kernel    large batches: B_i . C per (batch row, group), read by the step
                          (PRE_BC) instead of computed in each of the group's programs
     _fold_kernel         fold committed entries into the checkpoint (flush and commit; LIST:
@@ -127,11 +127,10 @@ VERIFY_TMA = {(4, "large")}
 #   block_p, warps  rows per program, num_warps
 #   route    "fused": one launch; sequences whose cursor reaches K fold and write the
 #            checkpoint inside the step kernel. "split": a lean output-only step kernel for
-#            every sequence + _replay_flush_kernel, whose flush_workers x batch / K workers per
-#            (row tile, head) fold the flushing sequences (two launches; before session 28 one
-#            flush program per sequence, mostly returning at once: slower everywhere, its empty
-#            grid costing a wave of programs per SM; without a low copy a flushing sequence's
-#            checkpoint is read by both launches). "eager": a flush at every step
+#            every sequence + _replay_flush_kernel, whose programs return at once unless their
+#            sequence flushes (two launches; measured slower everywhere: its mostly empty grid
+#            still costs a wave of programs per SM, and without a low copy a flushing
+#            sequence's checkpoint is read by both launches). "eager": a flush at every step
 #            (_replay_eager_kernel: eager's traffic on the high checkpoint, pending entries
 #            folded first; for small batches; only when the step advances its cursor).
 #   early    issue the read-checkpoint tile load before the cursor (its address does not depend
@@ -159,9 +158,6 @@ VERIFY_TMA = {(4, "large")}
 #            off: b256 fp32 lean step 341 us with pf 1 or 2 vs 324 (Super), 324 vs 308 (Nano);
 #            fp8 dual 427 vs 318 (Super) (session 9, tools/tune_mamba2.py -pf1 / -pf2).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
-#   flush_workers  route "split": the flush kernel's workers per (row tile, head), in units of
-#            cdiv(batch, K) (the rows a staggered batch flushes per step); flush_warps its warps
-#            (its own launch: whole [16, N] fp32 fold chunks, which spill at 1 warp).
 # Route batches <= ROUTE_BATCH[bytes] as the table's "route" rows say (where given). False: those rows
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at
 # batch 1). OVERRIDE still wins.
@@ -180,8 +176,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None, flush_workers=1,
-                       flush_warps=4)
+                       maxnreg=None, pf=0, bc=False, pdl=None)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -247,7 +242,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
-# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=, flush_workers=, flush_warps=) and OVERRIDE["eager"] = dict(block_p=,
+# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=) and OVERRIDE["eager"] = dict(block_p=,
 # chunks=, warps=, evict=) replace the table entries above for every shape (only keys given).
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
@@ -363,16 +358,13 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
         raise ValueError(f"replay fold_cols {v['fold_cols']}: allowed 0 (whole rows) or a power of 2 >= 16")
     if v["route"] not in ("fused", "split", "eager"):
         raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split, eager")
-    if int(v["flush_workers"]) < 1:
-        raise ValueError(f"replay flush_workers {v['flush_workers']!r}: allowed an integer >= 1")
     if v["pf"] not in (0, 1, 2):
         raise ValueError(f"replay pf {v['pf']!r}: allowed 0 (none), 1 (into L2), 2 (into L1)")
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
             "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
-            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "flush_workers": int(v["flush_workers"]),
-            "flush_warps": int(v["flush_warps"])}
+            "pdl": PDL if v["pdl"] is None else bool(v["pdl"])}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -787,103 +779,66 @@ def _replay_step_kernel(
 def _replay_flush_kernel(
     x_ptr, A_ptr, C_ptr, D_ptr, z_ptr, y_ptr, idx_ptr, cur_ptr, bx_ptr, bB_ptr, bdt_ptr,
     hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-    K, P, N, HPG, batch,
+    K, P, N, HPG,
     s_x_b, s_x_h, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
     s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
     s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_B: tl.constexpr,
-    NW: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr,
     LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PREC: tl.constexpr, EXACT: tl.constexpr,
-    ADVANCED: tl.constexpr, EVICT: tl.constexpr, FOLD_ROWS: tl.constexpr, GDC: tl.constexpr = False,
+    ADVANCED: tl.constexpr, EVICT: tl.constexpr, FOLD_ROWS: tl.constexpr,
 ):
-    """Second launch of the split route, after _replay_step_kernel (FUSED False). Grid
-    (row tiles, H, NW workers): the batch's flushing rows are ranked in batch order from the
-    cursor words (one BLOCK_B-wide scan per program, L2 hits) and worker w folds ranks w,
-    w + NW, ... of its (row tile, head), so the grid is sized by the rows that flush in a
-    step (batch / K when the cursors are staggered), not by the batch; when more flush at
-    once (aligned cursors) the workers take several ranks each. A flushing row folds its
-    buffered entries 0..K-1 (the step kernel appended entry K-1) into its rows of the high
-    checkpoint, writes them (and the low copy), and overwrites y with S_new C (+ D x, * silu
-    z), as the fused route computes it. ADVANCED: the step kernel already moved the cursor
-    (ticket), so a flushing row is one whose cursor is now 0 (not for dual states,
-    plan_replay_step); otherwise (cursor moved later) one with cursor + 1 >= K or a stale low
-    copy (LO_STALE). GDC: a programmatic dependent of the step kernel (waits for it first)."""
-    gdc_wait_prior(GDC)
+    """Second launch of the split route, after _replay_step_kernel (FUSED False), same grid.
+    A program whose sequence flushes this step folds the buffered entries 0..K-1 (the step
+    kernel appended entry K-1) into its rows of the high checkpoint, writes them (and the low
+    copy), and overwrites y with S_new C (+ D x, * silu z), as the fused route computes it.
+    Every other program returns after one cursor load. ADVANCED: the step kernel already
+    moved the cursor (ticket), so a flushing sequence is one whose cursor is now 0 (not for
+    dual states, plan_replay_step); otherwise (cursor moved later) one with cursor + 1 >= K
+    or a stale low copy (LO_STALE)."""
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
-    w = tl.program_id(2)
-    bb = tl.arange(0, BLOCK_B)
-    if HAS_IDX:
-        sl = tl.load(idx_ptr + bb, mask=bb < batch, other=-1).to(tl.int64)
-    else:
-        sl = tl.where(bb < batch, bb, -1).to(tl.int64)
-    live = sl >= 0
-    word = tl.load(cur_ptr + tl.maximum(sl, 0), mask=live, other=1)
-    nb = word & _CUR_MASK if HAS_LO else word     # (other states' words carry no LO_STALE bit)
+    b = tl.program_id(2).to(tl.int64)
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    word = tl.load(cur_ptr + slot, mask=live, other=1)
+    n = word & _CUR_MASK if HAS_LO else word     # (other states' words carry no LO_STALE bit)
     if ADVANCED:
-        fl = live & (nb == 0)
+        do = live & (n == 0)
+        nf = K
     elif HAS_LO:
-        fl = live & ((nb + 1 >= K) | ((word & _LO_STALE) != 0))
+        do = live & ((n + 1 >= K) | ((word & _LO_STALE) != 0))
+        nf = n + 1
     else:
-        fl = live & (nb + 1 >= K)
-    rank = tl.cumsum(fl.to(tl.int32), 0) - 1
-    count = tl.sum(fl.to(tl.int32), 0)
-    g = h // HPG
-    A = tl.load(A_ptr + h).to(tl.float32)
-    Dh = tl.load(D_ptr + h).to(tl.float32)
-    NT: tl.constexpr = (BLOCK_B + NW - 1) // NW
-    for t in range(NT):     # (a constexpr trip count: ranks w + t NW past the count are skipped)
-        r = w + t * NW
-        if r < count:
-            _flush_rank(fl & (rank == r), bb, sl, nb, K, P, N, h, g, A, Dh, pid_p, x_ptr, C_ptr, z_ptr, y_ptr,
-                        bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-                        s_x_b, s_x_h, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h, s_bx_s, s_bx_l, s_bx_h,
-                        s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l, s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
-                        BLOCK_P, BLOCK_N, BLOCK_L, HAS_Z, HI_SCALE, HAS_LO, LO_SCALE, USE_DOT, DOT_PREC, EXACT,
-                        ADVANCED, EVICT, FOLD_ROWS)
-
-
-@triton.jit
-def _flush_rank(hit, bb, sl, nb, K, P, N, h, g, A, Dh, pid_p, x_ptr, C_ptr, z_ptr, y_ptr,
-                bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
-                s_x_b, s_x_h, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h, s_bx_s, s_bx_l, s_bx_h,
-                s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l, s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
-                BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_Z: tl.constexpr,
-                HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr, LO_SCALE: tl.constexpr, USE_DOT: tl.constexpr,
-                DOT_PREC: tl.constexpr, EXACT: tl.constexpr, ADVANCED: tl.constexpr, EVICT: tl.constexpr,
-                FOLD_ROWS: tl.constexpr):
-    """_replay_flush_kernel's fold of one flushing row (the lane of `hit` [BLOCK_B] among the
-    scan's rows bb, slots sl, cursors nb) at row tile pid_p of head h (group g): entries
-    0..n (K with ADVANCED) folded into the high checkpoint, written with the low copy; y
-    rewritten from the new state."""
-    b = tl.max(tl.where(hit, bb, -1), 0).to(tl.int64)
-    slot = tl.max(tl.where(hit, sl, -1), 0)
-    nf = K if ADVANCED else tl.max(tl.where(hit, nb, -1), 0) + 1
-    offs_l = tl.arange(0, BLOCK_L)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    mask_l = offs_l < nf
-    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
-    wts, total = _buffer_weights(dt_i * A, dt_i, mask_l, 0.0)
-    Bb = _load_buffer_B(bB_ptr, slot * s_bB_s + g * s_bB_g, s_bB_l, offs_l, offs_n, mask_l, mask_n)
-    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    ck_base = slot * s_ck_s + h * s_ck_h
-    sc_base = slot * s_sc_s + h * s_sc_h
-    for c in tl.range(0, BLOCK_P // FOLD_ROWS, num_stages=1, loop_unroll_factor=1):
-        offs_p = pid_p * BLOCK_P + c * FOLD_ROWS + tl.arange(0, FOLD_ROWS)
-        mask_p = offs_p < P
-        mask = mask_p[:, None] & mask_n[None, :]
-        Xb = tl.load(bx_ptr + slot * s_bx_s + h * s_bx_h + offs_l[:, None] * s_bx_l + offs_p[None, :],
-                     mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-        S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE,
-                        EVICT)
-        S = total * S + _outer_sum(Xb * wts[:, None], Bb, USE_DOT, DOT_PREC, EXACT)
-        _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask,
-                     mask_p, S, HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
-        xv = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-        _finish_y(tl.sum(S * Cv[None, :], axis=1), xv, Dh, z_ptr + b * s_z_b + h * s_z_h,
-                  y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, mask_p, HAS_Z, EXACT)
+        do = live & (n + 1 >= K)
+        nf = n + 1
+    if do:
+        g = h // HPG
+        A = tl.load(A_ptr + h).to(tl.float32)
+        offs_l = tl.arange(0, BLOCK_L)
+        mask_l = offs_l < nf
+        dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0).to(tl.float32)
+        w, total = _buffer_weights(dt_i * A, dt_i, mask_l, 0.0)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        Bb = _load_buffer_B(bB_ptr, slot * s_bB_s + g * s_bB_g, s_bB_l, offs_l, offs_n, mask_l, mask_n)
+        Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        Dh = tl.load(D_ptr + h).to(tl.float32)
+        ck_base = slot * s_ck_s + h * s_ck_h
+        sc_base = slot * s_sc_s + h * s_sc_h
+        for c in tl.range(0, BLOCK_P // FOLD_ROWS, num_stages=1, loop_unroll_factor=1):
+            offs_p = pid_p * BLOCK_P + c * FOLD_ROWS + tl.arange(0, FOLD_ROWS)
+            mask_p = offs_p < P
+            mask = mask_p[:, None] & mask_n[None, :]
+            Xb = tl.load(bx_ptr + slot * s_bx_s + h * s_bx_h + offs_l[:, None] * s_bx_l + offs_p[None, :],
+                         mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+            S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE,
+                            EVICT)
+            S = total * S + _outer_sum(Xb * w[:, None], Bb, USE_DOT, DOT_PREC, EXACT)
+            _store_ckpts(hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, ck_base, sc_base, s_ck_p, offs_p, offs_n, mask,
+                         mask_p, S, HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
+            xv = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+            _finish_y(tl.sum(S * Cv[None, :], axis=1), xv, Dh, z_ptr + b * s_z_b + h * s_z_h,
+                      y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, mask_p, HAS_Z, EXACT)
 
 
 @triton.jit
@@ -1564,16 +1519,14 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
         PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **pdl, **common))
-    if not fused:   # the flush kernel: NW workers per (row tile, head), a staggered batch's flushing rows in one round
-        nw = max(1, min(bsz, triton.cdiv(bsz, rs.flush_period) * int(v["flush_workers"])))
-        fpdl = pdl_meta(x.device, v["pdl"])
-        launches.append(_record(_replay_flush_kernel, (grid[0], H, nw))(
+    if not fused:
+        launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,
             hi_d, hi_s, lo_d, lo_s,
-            rs.flush_period, P, N, H // G, bsz,
+            rs.flush_period, P, N, H // G,
             x.stride(0), x.stride(1), C.stride(0), C.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
             *_buffer_strides(rs), *_ckpt_strides(rs),
-            BLOCK_B=_np2(bsz), NW=nw, ADVANCED=ticket, **fpdl, **{**common, "num_warps": v["flush_warps"]}))
+            ADVANCED=ticket, **common))
     if advance and not ticket:
         launches += plan_cursor(rs, state_indices, bsz, 0)
     return launches, y

@@ -313,32 +313,6 @@ def test_replay_variants(device, variant, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode,lo,workers", [("dual", "bfloat16", 1), ("replay", None, 1), ("dual", "bfloat16", 3)])
-def test_split_flush_workers_take_every_flushing_row(device, mode, lo, workers, monkeypatch):
-    """The split route's flush kernel: cdiv(batch, K) x flush_workers workers per (row tile,
-    head) fold the flushing rows by rank. Aligned cursors make every live row flush in the same
-    step (10 rows for 3 workers: several ranks each), then staggered ones; padded rows and
-    permuted slots; the reference agrees after every step."""
-    from replayssm.triton import mamba2 as tk
-    monkeypatch.setitem(tk.OVERRIDE, "replay", dict(route="split", ticket=False, flush_workers=workers))
-    g = gen(47)
-    K = 4
-    rs, rr = make_pair(TINY, 13, 4, K, mode, "float32", lo, torch.float32, g)
-    for st in (rs, rr):
-        st.cursor.zero_()                                   # aligned: all flush at the 4th step
-    idx = torch.tensor([12, 3, -1, 7, 0, 9, 1, 11, 5, 2, 8], dtype=torch.int32, device=device)
-    plan = tk.plan_replay_step(rs, **step_inputs(TINY, 11, torch.float32, g), **params(TINY, g), state_indices=idx)[0]
-    flush = [la for la in plan if la.kernel is tk._replay_flush_kernel]
-    assert len(flush) == 1 and flush[0].grid[2] == min(11, -(-11 // K) * workers)
-    assert run_steps(rs, rr, TINY, idx, K + 1, torch.float32, g, what="aligned") >= 10
-    for t in range(K):                                      # then staggered
-        rs.cursor[idx[idx >= 0][t::K].long()] = t
-    for name in ("cursor", "x", "B", "dt"):                 # (the entries now counted: the same in both)
-        getattr(rr, name).copy_(getattr(rs, name))
-    assert run_steps(rs, rr, TINY, idx, 2 * K, torch.float32, g, what="staggered") >= 10
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("route,block_p,fold_cols,mode,lo,late,N", [
     ("fused", 32, 0, "replay", None, False, 32), ("split", 32, 0, "replay", None, False, 32),
     ("fused", 32, 16, "replay", None, False, 32), ("fused", 16, 16, "replay", None, True, 32),
