@@ -12,6 +12,10 @@ Figures:
                      points (report_paper.py, published.toml)
   spread             with --compare OTHER: run-to-run spread against a repeat (report_spread.py)
 
+Tables beside them: speedups vs eager, the roofline and vLLM comparisons (report_roofline.py),
+the paper reference points (report_paper.py), the project's targets held against the run
+(report_goals.py, goals.toml), speculative decoding and SSM-state memory (report_spec.py).
+
 Speedups are computed here from rows of the same run; they are never stored.
 A report never runs a kernel.
 """

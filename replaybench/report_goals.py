@@ -41,6 +41,7 @@ class Goal:
     models: tuple[str, ...]
     batches: tuple[int, ...]
     min: float
+    state_dtype: str = ""
 
     def covers(self, model: str) -> bool:
         return any(fnmatch.fnmatchcase(model, pat) for pat in self.models)
@@ -63,7 +64,8 @@ def load_goals(text: str | None = None, source: str = GOALS_FILE) -> list[Goal]:
             raise ValueError(f"{where}: a ratio target needs 'baseline' (the method it is over)")
         out.append(Goal(id=g["id"], what=g["what"], metric=g["metric"], method=g["method"],
                         baseline=g.get("baseline", ""), models=tuple(g["models"]),
-                        batches=tuple(int(b) for b in g["batches"]), min=float(g["min"])))
+                        batches=tuple(int(b) for b in g["batches"]), min=float(g["min"]),
+                        state_dtype=g.get("state_dtype", "")))
     return out
 
 
@@ -83,10 +85,11 @@ def goals_table(df, goals: list[Goal] | None = None) -> pd.DataFrame:
     ok = ok[ok["spec_window"] == 0]
     out = []
     for g in goals:
-        models = [m for m in dict.fromkeys(ok["model"]) if g.covers(m)]
-        batches = g.batches or tuple(sorted(set(int(b) for b in ok["batch"])))
+        og = ok[ok["state_dtype"] == g.state_dtype] if g.state_dtype else ok
+        models = [m for m in dict.fromkeys(og["model"]) if g.covers(m)]
+        batches = g.batches or tuple(sorted(set(int(b) for b in og["batch"])))
         if g.metric == "ratio":
-            for r in ratios(ok, g.method, g.baseline, 0, batches, models):
+            for r in ratios(og, g.method, g.baseline, 0, batches, models):
                 pct = r["method_pct_copy"]
                 # the % of copy at which the method's bytes would meet the target against the
                 # baseline as measured (> 100: not within its byte count)
@@ -94,7 +97,7 @@ def goals_table(df, goals: list[Goal] | None = None) -> pd.DataFrame:
                 out.append(_row(g, r["ratio"], pct, r["ratio_at_copy"], needs, r["throttled"], model=r["model"],
                                 batch=r["batch"], method=g.method, baseline=g.baseline))
         else:
-            for model, rep in method_rows(ok, ok, g.method, models):
+            for model, rep in method_rows(og, og, g.method, models):
                 for b in batches:
                     r = rep[rep["batch"] == b]
                     if r.empty:

@@ -116,6 +116,13 @@ def test_report_carries_the_targets_section(tmp_path):
     assert "Targets (goals.toml)" in (out / "report.html").read_text()
 
 
+def test_ratio_targets_hold_fp32_states_only():
+    bf16 = _df(rows()).assign(state_dtype="bfloat16")                            # a bf16-state run
+    t = RG.goals_table(bf16)
+    assert set(t["target"]) == {"bw-eager", "bw-replay", "bw-dual"}             # no fp32 ratio paired on bf16
+    assert RG.load_goals()[0].state_dtype == "float32"
+
+
 def test_no_section_without_a_covered_model():
     tiny = _df(rows()).assign(model="tiny-mamba2")                               # a CPU smoke run's model
     assert RG.sections(tiny) == [] and RG.goals_table(tiny).empty
