@@ -23,7 +23,7 @@ from importlib import resources
 
 import pandas as pd
 
-from .report_paper import _ok, _pct_copy, _throttle_note, method_rows, ratios
+from .report_paper import _ok, _pct_copy, _throttle_note, batch_rows, method_rows, ratios
 
 GOALS_FILE = "goals.toml"
 METRICS = ("ratio", "pct_copy")
@@ -90,19 +90,14 @@ def goals_table(df, goals: list[Goal] | None = None) -> pd.DataFrame:
         batches = g.batches or tuple(sorted(set(int(b) for b in og["batch"])))
         if g.metric == "ratio":
             for r in ratios(og, g.method, g.baseline, 0, batches, models):
-                pct = r["method_pct_copy"]
                 # the % of copy at which the method's bytes would meet the target against the
-                # baseline as measured (> 100: not within its byte count)
-                needs = g.min * pct / r["ratio"] if pct == pct else float("nan")
-                out.append(_row(g, r["ratio"], pct, r["ratio_at_copy"], needs, r["throttled"], model=r["model"],
-                                batch=r["batch"], method=g.method, baseline=g.baseline))
+                # baseline as measured (> 100: not within its byte count; NaN with the bound)
+                needs = g.min * 100.0 / r["ratio_at_copy"]
+                out.append(_row(g, r["ratio"], r["method_pct_copy"], r["ratio_at_copy"], needs, r["throttled"],
+                                model=r["model"], batch=r["batch"], method=g.method, baseline=g.baseline))
         else:
             for model, rep in method_rows(og, og, g.method, models):
-                for b in batches:
-                    r = rep[rep["batch"] == b]
-                    if r.empty:
-                        continue
-                    r = r.sort_values("median_us").iloc[0]
+                for b, r in batch_rows(rep, batches):
                     pct = _pct_copy(r)
                     out.append(_row(g, pct, pct, float("nan"), float("nan"), _throttle_note(r, g.method),
                                     model=model, batch=int(b), method=g.method, baseline="copy ceiling"))

@@ -107,11 +107,7 @@ def ratios(ok: pd.DataFrame, method: str, baseline: str, spec_window: int, batch
     base = baseline_medians(same_t, baseline, keys)
     out = []
     for model, rep in method_rows(ok, same_t, method, models):
-        for b in batches:
-            r = rep[rep["batch"] == b]
-            if r.empty:
-                continue
-            r = r.sort_values("median_us").iloc[0]
+        for b, r in batch_rows(rep, batches):
             k = tuple(r[c] for c in keys)
             bu = base.get(k) if k in base.index else None
             if bu is None or not bu > 0:
@@ -137,6 +133,14 @@ def method_rows(ok: pd.DataFrame, rows: pd.DataFrame, method: str, models):
     for model in [m for m in models if m in set(rows["model"])]:
         g = rows[rows["model"] == model]
         yield model, _pick(representative(g, _ref_state(ok[ok["model"] == model])), "backend", prefer="triton")
+
+
+def batch_rows(rep: pd.DataFrame, batches):
+    """(batch, its fastest row of `rep`) for each of `batches` that rep has rows at."""
+    for b in batches:
+        r = rep[rep["batch"] == b]
+        if not r.empty:
+            yield b, r.sort_values("median_us").iloc[0]
 
 
 def _pct_copy(row) -> float:
