@@ -1,0 +1,163 @@
+"""H200 probe: does a kernel's time per layer depend on how the timing lays out its layers?
+
+    python3 tools/probe_layers.py [--rounds 2] [--only NAME,...]     # on the GPU machine
+
+Two open questions of issue 3 (docs/kernels.md, sessions 17 and 28):
+
+1. `layers`: our bf16 eager kernel ran 0.88x vLLM's at Qwen3.5-122B dims batch 512 and 0.95x at
+   Ultra-550B dims batch 512 in the sweep: shapes whose 1 GiB of state is one layer, so a sample
+   is one launch over one state, in place. At batch 256 (two layers) it ran 1.01x. Here the same
+   kernels (the kernel runner's Layer, eager and vLLM) are timed with the layer count and the
+   steps per sample varied: nl layers (1, 2, 4: 1-4 GiB), 1 or 16 steps per CUDA-graph sample.
+2. `nostore`: at batch 1 the replay route is the eager step plus a cursor load, so it cannot beat
+   eager unless it skips work. Would a step that skips the state write be faster at batch 1
+   (the latency-bound regime)? The eager kernel as a copy with the state store removed, against
+   the library's eager kernel and replay step, Qwen3.5 dims, fp32, 64 layers (sweep layout).
+
+Rows print as measured: name, config, us per step per layer (median of the CUDA-graph samples,
+replaybench.timing), with A and B interleaved over --rounds rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(ROOT, ".vllm-stub")):
+    sys.path.insert(0, os.path.join(ROOT, ".vllm-stub"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from replayssm.triton import gdn as TK  # noqa: E402
+from replayssm.triton.gdn import _eager_tile  # noqa: E402
+from replaybench.models import get_model  # noqa: E402
+from replaybench.runners.kernel import Layer, _inputs  # noqa: E402
+from replaybench.scenario import TimingConfig  # noqa: E402
+from replaybench.timing import measure  # noqa: E402
+
+DEV = os.environ.get("PROBE_DEVICE", "cuda")
+TIMING = TimingConfig(warmup=3, min_samples=10, max_samples=200, max_time_s=0.6, rel_iqr=0.005)
+
+
+def time_layers(model_name, method, backend, batch, sd, nl, steps, K=16):
+    """us per step per layer of `nl` Layers of (method, backend) stepped `steps` times a sample."""
+    model = get_model(model_name)
+    gen = torch.Generator().manual_seed(3)
+    lo = "bfloat16" if method == "replay-dual" else "none"
+    kk = K if method.startswith("replay") else 0
+    layers = [Layer(model.op, model.ssm, method, backend, batch, kk, kk, sd, lo, DEV, gen) for _ in range(nl)]
+    inp, params = _inputs(model.op, model.ssm, batch, DEV, gen)
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+
+    def sample():
+        for _ in range(steps):
+            for lay in layers:
+                lay.step(inp, params, idx)
+    t = measure(sample, DEV, TIMING, per=steps * nl)
+    del layers
+    torch.cuda.empty_cache()
+    return t.median_us
+
+
+@triton.jit
+def _eager_nostore_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, s_ptr,
+    sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
+    scale,
+    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+):
+    """replayssm's _gdn_eager_kernel without the state store (a probe: what the write costs)."""
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    kh = h // (HV // HK)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < DV
+    cols = tl.arange(0, BLOCK_K)
+    cmask = cols < DK
+    slot = tl.load(idx_ptr + b)
+    if slot >= 0:
+        row_off = (slot.to(tl.int64) * HV + h) * DV + rows
+        tile = row_off[:, None] * DK + cols[None, :]
+        mask2 = rmask[:, None] & cmask[None, :]
+        S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
+                           sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+        o = o + 0.0 * tl.sum(S, 1)      # keep the update live (o is stored)
+        tl.store(o_ptr + b * sob + h * soh + rows, o.to(o_ptr.dtype.element_ty), mask=rmask)
+
+
+def time_nostore(model_name, batch, nl=64, steps=16):
+    model = get_model(model_name)
+    gen = torch.Generator().manual_seed(3)
+    layers = [Layer(model.op, model.ssm, "eager", "triton", batch, 0, 0, "float32", "none", DEV, gen)
+              for _ in range(nl)]
+    inp, _ = _inputs(model.op, model.ssm, batch, DEV, gen)
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+    o = torch.empty_like(inp["v"])
+    scale = inp["k"].shape[-1] ** -0.5
+    plans = []
+    for lay in layers:
+        _, grid, args, meta = TK.plan_eager(lay.state, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], idx,
+                                            scale, o)
+        plans.append((grid, args, meta))
+
+    def sample():
+        for _ in range(steps):
+            for grid, args, meta in plans:
+                _eager_nostore_kernel[grid](*args, **meta)
+    t = measure(sample, DEV, TIMING, per=steps * nl)
+    del layers, plans
+    torch.cuda.empty_cache()
+    return t.median_us
+
+
+def probes():
+    """(name, label, thunk) in run order; A/B pairs adjacent so --rounds interleaves them."""
+    out = []
+    for model, batch, sd in (("qwen3.5-122b-a10b", 512, "bfloat16"), ("qwen3.5-122b-a10b", 256, "bfloat16"),
+                             ("nemotron-3-ultra-550b-a55b", 512, "bfloat16"), ("qwen3.5-122b-a10b", 512, "float32")):
+        for nl, steps in ((1, 1), (1, 16), (2, 1), (2, 16), (4, 4)):
+            for method, backend in (("eager", "triton"), ("vllm-eager", "vllm")):
+                label = f"{model} b{batch} {sd} nl{nl} steps{steps} {method}"
+                out.append(("layers", label, (lambda m=model, me=method, be=backend, b=batch, s=sd, n=nl, st=steps:
+                                              time_layers(m, me, be, b, s, n, st))))
+    for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
+        out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
+                                                                                         "float32", 64, 16)))
+        out.append(("nostore", f"{model} b1 float32 eager-nostore", lambda m=model: time_nostore(m, 1)))
+        out.append(("nostore", f"{model} b1 float32 replay", lambda m=model: time_layers(m, "replay", "triton", 1,
+                                                                                          "float32", 64, 16)))
+        out.append(("nostore", f"{model} b1 float32 replay-dual", lambda m=model: time_layers(
+            m, "replay-dual", "triton", 1, "float32", 64, 16)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma list of probe names (layers, nostore)")
+    ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
+    a = ap.parse_args()
+    only = {s for s in a.only.split(",") if s}
+    t0 = time.time()
+    todo = [p for p in probes() if not only or p[0] in only]
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
+    for r in range(a.rounds):
+        for name, label, fn in todo:
+            if time.time() - t0 > a.deadline:
+                print(f"# deadline: skipped {label} (round {r})", flush=True)
+                continue
+            try:
+                print(f"{name:8s} r{r} {label:70s} {fn():10.2f} us", flush=True)
+            except Exception as e:  # a probe that fails is reported, the rest go on
+                print(f"{name:8s} r{r} {label:70s} ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
