@@ -117,6 +117,66 @@ def time_nostore(model_name, batch, nl=64, steps=16):
     return t.median_us
 
 
+@triton.jit
+def _eager_ev_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, s_ptr,
+    sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
+    scale,
+    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    LOAD_EV: tl.constexpr = "", STORE_EV: tl.constexpr = "",
+):
+    """replayssm's _gdn_eager_kernel with the state's eviction policies as parameters (a probe)."""
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    kh = h // (HV // HK)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < DV
+    cols = tl.arange(0, BLOCK_K)
+    cmask = cols < DK
+    slot = tl.load(idx_ptr + b)
+    if slot >= 0:
+        row_off = (slot.to(tl.int64) * HV + h) * DV + rows
+        tile = row_off[:, None] * DK + cols[None, :]
+        mask2 = rmask[:, None] & cmask[None, :]
+        S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy=LOAD_EV).to(tl.float32)
+        S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
+                           sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+        tl.store(s_ptr + tile, S.to(s_ptr.dtype.element_ty), mask=mask2, eviction_policy=STORE_EV)
+        tl.store(o_ptr + b * sob + h * soh + rows, o.to(o_ptr.dtype.element_ty), mask=rmask)
+
+
+def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None):
+    """us per step per layer of our GDN eager step over nl layers, each step as `parts` launches
+    over equal slices of the batch; ev = (load, store) eviction policies: the probe kernel."""
+    model = get_model(model_name)
+    gen = torch.Generator().manual_seed(3)
+    layers = [Layer(model.op, model.ssm, "eager", "triton", batch, 0, 0, sd, "none", DEV, gen) for _ in range(nl)]
+    inp, _ = _inputs(model.op, model.ssm, batch, DEV, gen)
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+    o = torch.empty_like(inp["v"])
+    scale = inp["k"].shape[-1] ** -0.5
+    cut = [batch * i // parts for i in range(parts + 1)]
+    plans = []
+    for lay in layers:
+        for a, z in zip(cut, cut[1:]):
+            kern, grid, args, meta = TK.plan_eager(lay.state, *(inp[n][a:z] for n in ("q", "k", "v", "g", "beta")),
+                                                   idx[a:z], scale, o[a:z])
+            if ev is not None:
+                kern, meta = _eager_ev_kernel, dict(meta, LOAD_EV=ev[0], STORE_EV=ev[1])
+            plans.append((kern, grid, args, meta))
+
+    def sample():
+        for _ in range(steps):
+            for kern, grid, args, meta in plans:
+                kern[grid](*args, **meta)
+    t = measure(sample, DEV, TIMING, per=steps * nl)
+    del layers, plans
+    torch.cuda.empty_cache()
+    return t.median_us
+
+
 def probes():
     """(name, label, thunk) in run order; A/B pairs adjacent so --rounds interleaves them."""
     out = []
@@ -127,6 +187,23 @@ def probes():
                 label = f"{model} b{batch} {sd} nl{nl} steps{steps} {method}"
                 out.append(("layers", label, (lambda m=model, me=method, be=backend, b=batch, s=sd, n=nl, st=steps:
                                               time_layers(m, me, be, b, s, n, st))))
+    q122 = "qwen3.5-122b-a10b"
+    for b in (320, 384, 448, 512):     # where does bf16 eager fall behind? (2 layers, 8 steps a sample)
+        out.append(("b512", f"{q122} b{b} bfloat16 nl2 steps8 eager", lambda b=b: time_layers(
+            q122, "eager", "triton", b, "bfloat16", 2, 8)))
+        out.append(("b512", f"{q122} b{b} bfloat16 nl2 steps8 vllm-eager", lambda b=b: time_layers(
+            q122, "vllm-eager", "vllm", b, "bfloat16", 2, 8)))
+    for parts in (1, 2, 4):
+        out.append(("b512", f"{q122} b512 bfloat16 nl2 steps8 eager as {parts} launches", lambda p=parts:
+                    time_eager_launches(q122, 512, "bfloat16", 2, 8, parts)))
+    for ev in (("evict_first", "evict_first"), ("", ""), ("evict_first", ""), ("", "evict_first"),
+               ("evict_first", "evict_last")):
+        out.append(("b512", f"{q122} b512 bfloat16 nl2 steps8 eager-ev load={ev[0] or '-'} store={ev[1] or '-'}",
+                    lambda ev=ev: time_eager_launches(q122, 512, "bfloat16", 2, 8, 1, ev)))
+    out.append(("b512", f"{q122} b256 float32 nl2 steps8 eager", lambda: time_layers(
+        q122, "eager", "triton", 256, "float32", 2, 8)))
+    out.append(("b512", f"{q122} b256 float32 nl2 steps8 vllm-eager", lambda: time_layers(
+        q122, "vllm-eager", "vllm", 256, "float32", 2, 8)))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -141,7 +218,7 @@ def probes():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", default="", help="comma list of probe names (layers, nostore)")
+    ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, nostore)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}
