@@ -214,6 +214,8 @@ def vname(c) -> str:
         return f"old BV{c['BLOCK_V']} w{c['num_warps']}"
     opts = "".join(f" {k}{c[k]}" for k in ("maxnreg", "num_stages", "LOOP_STAGES") if c.get(k))
     opts += " tma" if c.get("TMA") else ""
+    ev = {k: c[k] for k in ("LOAD_EV", "STORE_EV", "F_LOAD_EV", "F_STORE_EV") if k in c}
+    opts += "".join(f" {k.lower()}={v or '-'}" for k, v in ev.items())
     opts += " call" if c.get("PENDING_CALL") else ""
     opts += " mma" if c.get("RD_MMA") else ""
     if c.get("EAGER_ROUTE"):
@@ -234,6 +236,7 @@ def vname(c) -> str:
 
 
 EAGER_SD = {"eager-f32": "float32", "eager-bf16": "bfloat16"}   # eager mode name: state dtype
+EVS = [{}, {"LOAD_EV": "", "STORE_EV": ""}, {"LOAD_EV": ""}, {"STORE_EV": ""}]   # eviction-policy variants
 OLD = lambda bv, nw: dict(OLD=True, BLOCK_V=bv, num_warps=nw)  # noqa: E731
 EAGER = lambda bv, nw: dict(BLOCK_V=bv, num_warps=nw)  # noqa: E731
 ROUTE = lambda bv, nw: dict(BLOCK_V=bv, num_warps=nw, EAGER_ROUTE=True)  # noqa: E731  (replay's eager route)
@@ -452,6 +455,20 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          "eager-bf16-b512": ("eager-bf16", [EAGER(8, 1), EAGER(16, 1), EAGER(16, 2), EAGER(32, 2), EAGER(32, 4),
                                             EAGER(64, 4), EAGER(64, 8), EAGER(128, 8), EAGER(4, 1)], 512,
                              ("q122b", "q4b")),
+         # session 29: the state's L2 eviction policies (LOAD_EV / STORE_EV; the kernels' default is
+         # evict_first on both). Each list starts with the table's row, then: no hints, load
+         # unhinted, store unhinted. bf16 eager at Qwen3.5-122B b512 (tools/probe_layers.py,
+         # probe_layers_s29b.txt): 577 us with both hints, 539 with none, vLLM's 534
+         **{f"ev-eager-{m}-b{b}": (f"eager-{m}", [dict(EAGER(4 if m == "f32" or b <= 2 else 8, 1), **ev) for ev in EVS],
+                                   b, ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (1, 4, 8, 32, 64, 128, 256, 512)},
+         **{f"ev-route-{m}-b{b}": (m, [dict(_table(m, b), **ev) for ev in EVS], b, ("q122b", "q4b"))
+            for m, bs in (("f32", (1, 4, 8, 16)), ("bf16", (1, 4, 8, 16, 32)), ("dual-bf16", (1, 2)))
+            for b in bs},
+         **{f"ev-flush-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_STORE_EV=""), _table(m, b, F_LOAD_EV="",
+                                                                                          F_STORE_EV="")], b,
+                                   ("q122b", "q4b"))
+            for m in ("f32", "bf16") for b in (32, 256, 512)},
          # the eager kernel under the budgets that helped the route (fairness: the same treatment)
          **{f"eager-regs-{m}-b{b}": (f"eager-{m}", [EAGER(4, 1), dict(EAGER(4, 1), maxnreg=56), dict(EAGER(4, 1), maxnreg=48),
                                                     EAGER(8, 1), dict(EAGER(8, 1), maxnreg=56)], b, ("q122b", "q4b"))

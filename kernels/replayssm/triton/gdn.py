@@ -52,6 +52,7 @@ _TICKET = tl.constexpr(1 << 16)
 _CUR_MASK = tl.constexpr(CURSOR_MASK)
 _LO_STALE = tl.constexpr(LO_STALE)
 _FP8_MAX = tl.constexpr(FP8_MAX)
+EVICT_POLICIES = ("evict_first", "evict_last", "")    # a state load's / store's L2 policy ("": none)
 
 # ----------------------------------------------------------------------------- launch table
 # Per op: rows (max_batch, BLOCK_V, num_warps[, options]); the first row with batch <= max_batch
@@ -419,16 +420,18 @@ def interpreting() -> bool:
 
 # ----------------------------------------------------------------------------- jit helpers
 @triton.jit
-def _ckpt_load(ptr, sc_ptr, tile_off, row_off, mask, rmask, FP8: tl.constexpr):
-    """Dequantised [BLOCK_V, BLOCK_K] fp32 tile (masked elements 0). Streamed once: evict first."""
-    s = tl.load(ptr + tile_off, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+def _ckpt_load(ptr, sc_ptr, tile_off, row_off, mask, rmask, FP8: tl.constexpr, EV: tl.constexpr = "evict_first"):
+    """Dequantised [BLOCK_V, BLOCK_K] fp32 tile (masked elements 0). Streamed once: evict first
+    by default; EV: the L2 eviction policy ("" for none: see LOAD_EV of the eager kernels)."""
+    s = tl.load(ptr + tile_off, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
     if FP8:
         s = s * tl.load(sc_ptr + row_off, mask=rmask, other=1.0)[:, None]
     return s
 
 
 @triton.jit
-def _ckpt_store(ptr, sc_ptr, tile_off, row_off, s, mask, rmask, FP8: tl.constexpr, INTERP: tl.constexpr):
+def _ckpt_store(ptr, sc_ptr, tile_off, row_off, s, mask, rmask, FP8: tl.constexpr, INTERP: tl.constexpr,
+                EV: tl.constexpr = "evict_first"):
     """Store a fp32 tile, quantising; fp8: per-row scale amax/448 (1 for a zero row).
     Whole rows live in one program (we tile dv only), so the row amax is local."""
     if FP8:
@@ -436,7 +439,7 @@ def _ckpt_store(ptr, sc_ptr, tile_off, row_off, s, mask, rmask, FP8: tl.constexp
         sc = tl.where(amax > 0, tl.math.div_rn(amax, _FP8_MAX), 1.0)
         tl.store(sc_ptr + row_off, sc, mask=rmask)
         s = tl.math.div_rn(s, sc[:, None])
-    tl.store(ptr + tile_off, cast(s, ptr.dtype.element_ty, INTERP), mask=mask, eviction_policy="evict_first")
+    tl.store(ptr + tile_off, cast(s, ptr.dtype.element_ty, INTERP), mask=mask, eviction_policy=EV)
 
 
 @triton.jit
@@ -470,13 +473,13 @@ def _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
 @triton.jit
 def _folded_tile(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, slot64, h, kh, n, rows, rmask, cols, cmask,
                  HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-                 HI_FP8: tl.constexpr, DUAL: tl.constexpr, EPS: tl.constexpr):
+                 HI_FP8: tl.constexpr, DUAL: tl.constexpr, EPS: tl.constexpr, EV: tl.constexpr = "evict_first"):
     """The high checkpoint's [BLOCK_V, dk] tile of (slot, value head h), rows `rows`, with buffer
     entries 0..n-1 folded in (_fold): (S, its element offsets, its row offsets, its mask)."""
     row_off = (slot64 * HV + h) * DV + rows
     tile = row_off[:, None] * DK + cols[None, :]
     mask2 = rmask[:, None] & cmask[None, :]
-    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+    S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8, EV)
     S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
               HV, HK, DK, DV, L, DUAL, EPS)
     return S, tile, row_off, mask2
@@ -490,10 +493,12 @@ def _gdn_eager_kernel(
     scale,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first",
 ):
     """Eager step on one [BLOCK_V, dk] tile: read S once, write S once.
     sk = S k, sq = S q (one pass), u = beta (v - alpha sk), S' = alpha S + u k^T,
-    o = S' q = alpha sq + u (k . q)."""
+    o = S' q = alpha sq + u (k . q). LOAD_EV / STORE_EV: the L2 eviction policies of the
+    state's load and store (the table's; see CONFIGS["eager"])."""
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -511,10 +516,10 @@ def _gdn_eager_kernel(
         row_off = (slot64 * HV + h) * DV + rows
         tile = row_off[:, None] * DK + cols[None, :]
         mask2 = rmask[:, None] & cmask[None, :]
-        S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy=LOAD_EV).to(tl.float32)
         S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
                            sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
-        tl.store(s_ptr + tile, cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask2, eviction_policy="evict_first")
+        tl.store(s_ptr + tile, cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask2, eviction_policy=STORE_EV)
         tl.store(o_ptrs, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
 
 
@@ -567,7 +572,7 @@ def _gdn_replay_eager_kernel(
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    PENDING_CALL: tl.constexpr = False,
+    PENDING_CALL: tl.constexpr = False, LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first",
 ):
     """The replay step's eager route (EAGER_ROUTE, a small-batch route): a flush at every step,
     with eager's traffic and latency. One [BLOCK_V, dk] tile of the HIGH checkpoint per program.
@@ -584,7 +589,7 @@ def _gdn_replay_eager_kernel(
     n and the rare path redoes it from a second read of the tile (see the comment in the body);
     PENDING_CALL: the rare path is a call (_route_pending), which holds fewer registers.
     Nothing is appended and, at n = 0, no atomic happens: the state stays consistent for steps
-    of either route."""
+    of either route. LOAD_EV / STORE_EV: as the eager kernel's, for the high copy's tile."""
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -602,7 +607,7 @@ def _gdn_replay_eager_kernel(
         row_off = (slot64 * HV + h) * DV + rows
         tile = row_off[:, None] * DK + cols[None, :]
         mask2 = rmask[:, None] & cmask[None, :]
-        S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+        S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8, LOAD_EV)
         word = tl.load(cur_ptr + slot64)
         n = word & _CUR_MASK
         kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
@@ -621,16 +626,16 @@ def _gdn_replay_eager_kernel(
                 _route_pending(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, hi_ptr, hi_sc_ptr, cur_ptr,
                                ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb,
                                sbh, sob, soh, scale, nprog, pid_v, h, b, slot64, n,
-                               HV, HK, DK, DV, L, BLOCK_V, BLOCK_K, HI_FP8, DUAL, INTERP, EPS)
+                               HV, HK, DK, DV, L, BLOCK_V, BLOCK_K, HI_FP8, DUAL, INTERP, EPS, LOAD_EV, STORE_EV)
             else:   # inline, the steady path's inputs reused (fp32 tiles: spill-free under 56 registers)
-                S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8)
+                S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8, LOAD_EV)
                 S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
                           HV, HK, DK, DV, L, DUAL, EPS)
                 S, o = _eager_update(S, kn, qn, vv, alpha, bt)
-                _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP)
+                _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP, STORE_EV)
                 _route_ticket(cur_ptr, slot64, nprog, DUAL)
         else:
-            _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP)
+            _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask, HI_FP8, INTERP, STORE_EV)
             if DUAL:
                 if word == 0:
                     tl.store(cur_ptr + slot64, _LO_STALE)
@@ -642,7 +647,7 @@ def _route_pending(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, hi_ptr, hi_sc_pt
                    sob, soh, scale, nprog, pid_v, h, b, slot64, n,
                    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
                    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, HI_FP8: tl.constexpr, DUAL: tl.constexpr,
-                   INTERP: tl.constexpr, EPS: tl.constexpr):
+                   INTERP: tl.constexpr, EPS: tl.constexpr, LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr):
     """The eager route's rare path (n > 0 pending entries) as a call (PENDING_CALL): the tile
     re-read, the entries folded (_fold), the inputs re-read, the step, the writes and the
     cursor ticket. Scalar arguments only (noinline): no tile of the steady path is live across
@@ -653,12 +658,12 @@ def _route_pending(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, hi_ptr, hi_sc_pt
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
     S, tile, row_off, mask2 = _folded_tile(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, slot64, h, kh, n,
-                                           rows, rmask, cols, cmask, HV, HK, DK, DV, L, HI_FP8, DUAL, EPS)
+                                           rows, rmask, cols, cmask, HV, HK, DK, DV, L, HI_FP8, DUAL, EPS, LOAD_EV)
     kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
                                           cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
     S, o = _eager_update(S, kn, qn, vv, alpha, bt)
     _route_store(hi_ptr, hi_sc_ptr, o_ptr + b * sob + h * soh + rows, tile, row_off, S, o, mask2, rmask, HI_FP8,
-                 INTERP)
+                 INTERP, STORE_EV)
     _route_ticket(cur_ptr, slot64, nprog, DUAL)
 
 
@@ -672,9 +677,9 @@ def _route_ticket(cur_ptr, slot64, nprog, DUAL: tl.constexpr):
 
 @triton.jit
 def _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask,
-                 HI_FP8: tl.constexpr, INTERP: tl.constexpr):
-    """The eager route's writes: the tile S to the high copy, o [BLOCK_V]."""
-    _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP)
+                 HI_FP8: tl.constexpr, INTERP: tl.constexpr, EV: tl.constexpr = "evict_first"):
+    """The eager route's writes: the tile S to the high copy (eviction policy EV), o [BLOCK_V]."""
+    _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP, EV)
     tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
 
 
@@ -1225,6 +1230,7 @@ def _gdn_flush_step_kernel(
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
     WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, GDC: tl.constexpr = False,
     TMA: tl.constexpr = False, ST_TMA: tl.constexpr = False,
+    LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first",
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -1368,7 +1374,7 @@ def _gdn_flush_step_kernel(
                     if TMA:
                         S = hi_desc.load([trow, 0]).to(tl.float32)
                     else:
-                        S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8)
+                        S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8, LOAD_EV)
                     if DUAL and FOLD_MMA:
                         V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
                                     other=0.0).to(tl.float32)                      # [rows, BL] raw v
@@ -1425,7 +1431,7 @@ def _gdn_flush_step_kernel(
                     if ST_TMA:
                         hi_desc.store([trow, 0], cast(S, hi_desc.dtype, INTERP))
                     else:
-                        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP)
+                        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP, STORE_EV)
 
 
 @triton.jit
@@ -2014,6 +2020,7 @@ def plan_eager(state, q, k, v, g, beta, state_indices, scale, o, config=None):
             *_strides(q, k, v, g, beta, o, dims=2), scale]
     meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv)
     _launch_options(meta, cfg)
+    _evict_options(meta, cfg)
     return _gdn_eager_kernel, grid, args, meta
 
 
@@ -2159,6 +2166,7 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
                 HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)
     _launch_options(meta, fc)
+    _evict_options(meta, fc)
     if _fold_mma_fits(rs, fc, fm["BLOCK_R"]):
         meta.update(FOLD_MMA=True, BLOCK_L=max(16, triton.next_power_of_2(L)),
                     FOLD_PREC=_fold_precision(rs, fc),
@@ -2226,6 +2234,7 @@ def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scal
     meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual,
                         PENDING_CALL=bool(cfg.get("PENDING_CALL", False)), HI_FP8=ck_meta["HI_FP8"])
     _launch_options(meta, cfg)
+    _evict_options(meta, cfg)
     return _gdn_replay_eager_kernel, grid, args, meta
 
 
@@ -2297,6 +2306,17 @@ def _launch_options(meta: dict, cfg: dict) -> None:
     for opt in ("num_stages", "maxnreg"):
         if cfg.get(opt) is not None:
             meta[opt] = int(cfg[opt])
+
+
+def _evict_options(meta: dict, cfg: dict) -> None:
+    """meta's LOAD_EV / STORE_EV (the state's L2 eviction policies: "evict_first", "evict_last"
+    or "" for none) where the row or config sets them; the kernels that take them default to
+    "evict_first"."""
+    for opt in ("LOAD_EV", "STORE_EV"):
+        if opt in cfg:
+            if cfg[opt] not in EVICT_POLICIES:
+                raise ValueError(f"config {opt}={cfg[opt]!r}: allowed {', '.join(map(repr, EVICT_POLICIES))}")
+            meta[opt] = cfg[opt]
 
 
 def _launch(plan) -> None:
