@@ -188,6 +188,17 @@ def probes():
                 out.append(("layers", label, (lambda m=model, me=method, be=backend, b=batch, s=sd, n=nl, st=steps:
                                               time_layers(m, me, be, b, s, n, st))))
     q122 = "qwen3.5-122b-a10b"
+    # session 29, third call: bf16 b512 with and without the state's eviction hints, against
+    # vLLM's kernel, in three layouts (tune_gdn_s29a.txt had ours at 607-613 us either way, nl 1)
+    for model, b in ((q122, 512), ("qwen3.5-4b", 512), (q122, 256)):
+        for nl, steps in ((1, 16), (2, 8), (4, 4)):
+            tag = f"{model} b{b} bfloat16 nl{nl} steps{steps}"
+            out.append(("b512ab", f"{tag} eager (hints)", lambda m=model, b=b, n=nl, st=steps:
+                        time_eager_launches(m, b, "bfloat16", n, st)))
+            out.append(("b512ab", f"{tag} eager-ev load=- store=-", lambda m=model, b=b, n=nl, st=steps:
+                        time_eager_launches(m, b, "bfloat16", n, st, 1, ("", ""))))
+            out.append(("b512ab", f"{tag} vllm-eager", lambda m=model, b=b, n=nl, st=steps:
+                        time_layers(m, "vllm-eager", "vllm", b, "bfloat16", n, st)))
     for b in (320, 384, 448, 512):     # where does bf16 eager fall behind? (2 layers, 8 steps a sample)
         out.append(("b512", f"{q122} b{b} bfloat16 nl2 steps8 eager", lambda b=b: time_layers(
             q122, "eager", "triton", b, "bfloat16", 2, 8)))
@@ -218,7 +229,7 @@ def probes():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, nostore)")
+    ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, nostore)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}
