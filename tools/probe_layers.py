@@ -147,9 +147,10 @@ def _eager_ev_kernel(
         tl.store(o_ptr + b * sob + h * soh + rows, o.to(o_ptr.dtype.element_ty), mask=rmask)
 
 
-def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None):
+def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None, config=None):
     """us per step per layer of our GDN eager step over nl layers, each step as `parts` launches
-    over equal slices of the batch; ev = (load, store) eviction policies: the probe kernel."""
+    over equal slices of the batch; ev = (load, store) eviction policies: the probe kernel;
+    config: a launch config over the table's row (the library kernel)."""
     model = get_model(model_name)
     gen = torch.Generator().manual_seed(3)
     layers = [Layer(model.op, model.ssm, "eager", "triton", batch, 0, 0, sd, "none", DEV, gen) for _ in range(nl)]
@@ -162,7 +163,7 @@ def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None):
     for lay in layers:
         for a, z in zip(cut, cut[1:]):
             kern, grid, args, meta = TK.plan_eager(lay.state, *(inp[n][a:z] for n in ("q", "k", "v", "g", "beta")),
-                                                   idx[a:z], scale, o[a:z])
+                                                   idx[a:z], scale, o[a:z], config)
             if ev is not None:
                 kern, meta = _eager_ev_kernel, dict(meta, LOAD_EV=ev[0], STORE_EV=ev[1])
             plans.append((kern, grid, args, meta))
@@ -296,6 +297,21 @@ def probes():
                             time_fresh(m, "vllm-eager", b, s, f, alpha_one=True)))
             out.append(("dense", f"{tag} vllm-eager", lambda m=model, b=b, s=sd, f=fill:
                         time_fresh(m, "vllm-eager", b, s, f)))
+    # session 29, fifth call: two tiles a program (TILES 2: both loads issued first), with and
+    # without the eviction hints, against the table's row and vLLM's kernel
+    nh = {"LOAD_EV": "", "STORE_EV": ""}
+    for model, b, sd, nl, steps in ((q122, 512, "bfloat16", 1, 16), ("qwen3.5-4b", 512, "bfloat16", 1, 16),
+                                    (q122, 256, "bfloat16", 2, 8), (q122, 64, "bfloat16", 8, 2),
+                                    (q122, 512, "float32", 1, 16), (q122, 256, "float32", 1, 16),
+                                    ("qwen3.5-4b", 256, "float32", 2, 8), (q122, 32, "float32", 16, 1)):
+        tile = 4 if sd == "float32" else 8
+        for cfg in ({}, nh, {"TILES": 2}, dict(nh, TILES=2), {"BLOCK_V": tile // 2, "TILES": 2},
+                    dict(nh, BLOCK_V=tile // 2, TILES=2)):
+            tag = f"{model} b{b} {sd} nl{nl} steps{steps} eager {cfg or 'table'}"
+            out.append(("tiles", tag, lambda m=model, b=b, s=sd, n=nl, st=steps, c=cfg:
+                        time_eager_launches(m, b, s, n, st, config=c)))
+        out.append(("tiles", f"{model} b{b} {sd} nl{nl} steps{steps} vllm-eager", lambda m=model, b=b, s=sd, n=nl,
+                    st=steps: time_layers(m, "vllm-eager", "vllm", b, s, n, st)))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -310,7 +326,7 @@ def probes():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, nostore)")
+    ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}

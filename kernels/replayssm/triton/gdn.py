@@ -493,34 +493,57 @@ def _gdn_eager_kernel(
     scale,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first",
+    LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first", TILES: tl.constexpr = 1,
 ):
     """Eager step on one [BLOCK_V, dk] tile: read S once, write S once.
     sk = S k, sq = S q (one pass), u = beta (v - alpha sk), S' = alpha S + u k^T,
     o = S' q = alpha sq + u (k . q). LOAD_EV / STORE_EV: the L2 eviction policies of the
-    state's load and store (the table's; see CONFIGS["eager"])."""
+    state's load and store (the table's; see CONFIGS["eager"]).
+    TILES 2: the program takes two consecutive [BLOCK_V, dk] tiles, both loads issued before
+    either is used (twice the bytes in flight per program at the registers of one fp32 tile
+    plus one raw tile), the step's inputs loaded and normalised once for both."""
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     kh = h // (HV // HK)
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rows = pid_v * (BLOCK_V * TILES) + tl.arange(0, BLOCK_V)
     rmask = rows < DV
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
     o_ptrs = o_ptr + b * sob + h * soh + rows
     slot = tl.load(idx_ptr + b)
     if slot < 0:
-        tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
+        for t in tl.static_range(TILES):
+            tl.store(o_ptrs + t * BLOCK_V, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP),
+                     mask=rmask & (rows + t * BLOCK_V < DV))
     else:
         slot64 = slot.to(tl.int64)
         row_off = (slot64 * HV + h) * DV + rows
         tile = row_off[:, None] * DK + cols[None, :]
         mask2 = rmask[:, None] & cmask[None, :]
-        S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy=LOAD_EV).to(tl.float32)
-        S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
-                           sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
-        tl.store(s_ptr + tile, cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask2, eviction_policy=STORE_EV)
-        tl.store(o_ptrs, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
+        if TILES == 1:
+            S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy=LOAD_EV).to(tl.float32)
+            S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
+                               sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+            tl.store(s_ptr + tile, cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask2, eviction_policy=STORE_EV)
+            tl.store(o_ptrs, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
+        else:
+            tl.static_assert(TILES == 2, "TILES: 1 or 2")
+            rows1 = rows + BLOCK_V
+            rmask1 = rows1 < DV
+            mask21 = rmask1[:, None] & cmask[None, :]
+            tile1 = tile + BLOCK_V * DK
+            raw0 = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy=LOAD_EV)
+            raw1 = tl.load(s_ptr + tile1, mask=mask21, other=0.0, eviction_policy=LOAD_EV)
+            kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
+                                                  cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+            S, o = _eager_update(raw0.to(tl.float32), kn, qn, vv, alpha, bt)
+            tl.store(s_ptr + tile, cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask2, eviction_policy=STORE_EV)
+            tl.store(o_ptrs, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask)
+            vv1 = tl.load(v_ptr + b * svb + h * svh + rows1, mask=rmask1, other=0.0).to(tl.float32)
+            S, o = _eager_update(raw1.to(tl.float32), kn, qn, vv1, alpha, bt)
+            tl.store(s_ptr + tile1, cast(S, s_ptr.dtype.element_ty, INTERP), mask=mask21, eviction_policy=STORE_EV)
+            tl.store(o_ptrs + BLOCK_V, cast(o, o_ptr.dtype.element_ty, INTERP), mask=rmask1)
 
 
 @triton.jit
@@ -2015,10 +2038,15 @@ def plan_eager(state, q, k, v, g, beta, state_indices, scale, o, config=None):
     Hk, dk = k.shape[1], k.shape[2]
     assert state.is_contiguous() and tuple(state.shape[1:]) == (Hv, dv, dk), state.shape
     cfg = pick_config("eager", batch, dv, dk, 1, config, state_bytes=state.element_size())
-    grid = (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch)
+    tiles = int(cfg.get("TILES", 1))
+    if tiles not in (1, 2):
+        raise ValueError(f"config TILES={tiles}: allowed 1, 2")
+    grid = (triton.cdiv(dv, cfg["BLOCK_V"] * tiles), Hv, batch)
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), state,
             *_strides(q, k, v, g, beta, o, dims=2), scale]
     meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv)
+    if tiles > 1:
+        meta["TILES"] = tiles
     _launch_options(meta, cfg)
     _evict_options(meta, cfg)
     return _gdn_eager_kernel, grid, args, meta

@@ -133,9 +133,14 @@ def random_rows(slots: int, batch: int, g, pad_p: float = 0.25) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- eager
+@pytest.mark.parametrize("config", [{"BLOCK_V": 4},
+                                    # two tiles a program, no eviction hints: dv 10 leaves the second
+                                    # program's second tile wholly masked
+                                    {"BLOCK_V": 4, "TILES": 2, "LOAD_EV": "", "STORE_EV": "evict_last"}],
+                         ids=["tile", "tiles2"])
 @pytest.mark.parametrize("state_dtype,act", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                              (torch.float16, torch.float32)], ids=["f32", "bf16", "f16-state"])
-def test_eager_matches_reference(state_dtype, act):
+def test_eager_matches_reference(state_dtype, act, config):
     g = gen(1)
     sh = GQA
     Hk, Hv, dk, dv = sh.num_k_heads, sh.num_v_heads, sh.head_k_dim, sh.head_v_dim
@@ -150,7 +155,7 @@ def test_eager_matches_reference(state_dtype, act):
             x["k"] = packed[:, Hk * dk:2 * Hk * dk].view(4, Hk, dk)
             x["v"] = packed[:, 2 * Hk * dk:].view(4, Hv, dv)
         out = poisoned(torch.empty(4, Hv, dv, dtype=act, device=DEV))
-        o = GD.eager_step(st, **x, state_indices=idx, out=out, config={"BLOCK_V": 4})
+        o = GD.eager_step(st, **x, state_indices=idx, out=out, config=config)
         o_ref = R.gdn_eager_step(st_ref, **x, state_indices=idx)
         assert o is out
         assert rel_err(o, o_ref) <= out_tol(act), f"step {step}: {rel_err(o, o_ref):.3g}"
@@ -162,6 +167,15 @@ def test_eager_matches_reference(state_dtype, act):
             assert not bad.any()
             st_ref.copy_(st)
         assert torch.equal(st[[1, 3, 5]], st_ref[[1, 3, 5]]), "untouched slots changed"
+
+
+def test_eager_config_errors_name_the_key():
+    st = torch.zeros(2, TINY.num_v_heads, TINY.head_v_dim, TINY.head_k_dim, device=DEV)
+    x = step_inputs(TINY, 2, torch.float32, gen(3))
+    with pytest.raises(ValueError, match="TILES=3: allowed 1, 2"):
+        GD.eager_step(st, **x, config={"TILES": 3})
+    with pytest.raises(ValueError, match="LOAD_EV='evict_normal'"):
+        GD.eager_step(st, **x, config={"LOAD_EV": "evict_normal"})
 
 
 def test_eager_default_config_and_no_indices():
