@@ -27,6 +27,12 @@ from . import SkipCase
 
 STATE_TARGET_BYTES = 1 << 30      # all layers' state together: ~18x the H200's 60 MB L2
 MAX_LAYERS = 64
+# A CUDA-graph sample holds at least this many layer steps (launches of a step's op). A graph of
+# one long launch timed sample by sample ran some kernels 6-10 % slower than the same launches
+# back to back, and not others (H200, tools/probe_layers.py, probe_layers_s29a.txt: our Mamba-2
+# eager at Ultra-550B dims b512 1181 us vs 1081 with 16 steps a sample; vLLM's GDN kernel at
+# Qwen3.5-122B dims b512 592 vs 535; every other layout of 1-4 layers x 1-16 steps agreed).
+MIN_LAUNCHES = 16
 CHECK_TOL = {"float8_e4m3": 0.1, "bfloat16": 3e-2, "float16": 3e-2, "float32": 3e-2}
 MODE_OF = {"replay": "replay", "replay-dual": "dual", "replay-shared-low": "shared-low", "spec-replay": "replay",
            "spec-replay-dual": "dual"}
@@ -169,11 +175,22 @@ def layers_for(state_bytes_per_layer: float, device: str) -> int:
     return max(1, min(MAX_LAYERS, math.ceil(STATE_TARGET_BYTES / max(state_bytes_per_layer, 1))))
 
 
+def steps_per_sample(flush_period: int, layers: int, device: str) -> int:
+    """Decode steps in one timed sample over `layers` layer states: a whole flush period (every
+    flush phase once; 1 for methods without one), on a GPU repeated until the sample holds
+    >= MIN_LAUNCHES layer steps (a one-layer case: 16 steps, as a multi-layer one has 16+)."""
+    period = max(flush_period, 1)
+    if not device.startswith("cuda"):
+        return period
+    return period * max(1, math.ceil(MIN_LAUNCHES / (period * max(layers, 1))))
+
+
 def workload(case, model, device: str):
-    """The timed work of a decode case: (sample, steps, layers). sample() runs `steps` = one
-    flush period of decode steps over `layers` independent layer states (enough that the
-    state, by the traffic model's bytes per step, streams from HBM on a GPU), all with the same
-    inputs and slot indices 0..batch-1; one sample is steps x layers units of work."""
+    """The timed work of a decode case: (sample, steps, layers). sample() runs `steps` decode
+    steps (steps_per_sample: whole flush periods) over `layers` independent layer states
+    (enough that the state, by the traffic model's bytes per step, streams from HBM on a GPU),
+    all with the same inputs and slot indices 0..batch-1; one sample is steps x layers units
+    of work."""
     dims, op = model.ssm, model.op
     parts = step_traffic(case, model).parts
     gen = torch.Generator().manual_seed(case.seed)
@@ -182,7 +199,7 @@ def workload(case, model, device: str):
                     case.state_dtype, case.lo_dtype, device, gen) for _ in range(nl)]
     inp, params = _inputs(op, dims, case.batch, device, gen)
     idx = torch.arange(case.batch, dtype=torch.int32, device=device)
-    steps = max(case.flush_period, 1)
+    steps = steps_per_sample(case.flush_period, nl, device)
 
     def sample():
         for _ in range(steps):

@@ -28,7 +28,7 @@ from ..models import get_model
 from ..timing import measure
 from ..traffic import step_traffic
 from . import SkipCase
-from .kernel import CHECK_TOL, MODE_OF, _rel, layers_for
+from .kernel import CHECK_TOL, MODE_OF, _rel, layers_for, steps_per_sample
 
 METHODS = ("eager",) + tuple(m for m in MODE_OF if not m.startswith("spec-"))
 
@@ -95,7 +95,7 @@ def run(case, ctx) -> dict:
     gen = torch.Generator().manual_seed(case.seed)
     hidden = torch.randn(case.batch, model.hidden, generator=gen).to(device=device, dtype=torch.bfloat16)
     idx = torch.arange(case.batch, dtype=torch.int32, device=device)
-    steps = max(case.flush_period, 1)
+    steps = steps_per_sample(case.flush_period, nl, device)
 
     def sample_layer():
         for _ in range(steps):

@@ -522,7 +522,7 @@ def run(case, ctx) -> dict:
     from ..models import get_model
     from ..timing import measure
     from ..traffic import step_traffic
-    from .kernel import layers_for
+    from .kernel import layers_for, steps_per_sample
 
     if case.method not in ("vllm-eager", "vllm-spec"):
         raise SkipCase(f"method {case.method!r} is not a vLLM peer")
@@ -552,7 +552,7 @@ def run(case, ctx) -> dict:
     idx = torch.arange(case.batch, dtype=torch.int32, device=device)
     for layer in layers:                 # translate once, outside the timed region
         layer.step(inp, params, idx)
-    steps = max(case.flush_period, 1)
+    steps = steps_per_sample(case.flush_period, nl, device)
 
     def sample():
         for _ in range(steps):

@@ -45,3 +45,16 @@ def test_workload_is_one_flush_period_over_the_layers(method):
         assert [int(c[0]) for c in calls] == list(range(16))     # row 0 walks its whole period
     else:
         sample()
+
+
+@pytest.mark.parametrize("period,layers,steps", [(0, 1, 16), (0, 2, 8), (0, 3, 6), (0, 16, 1), (0, 64, 1),
+                                                 (16, 1, 16), (16, 64, 16), (8, 1, 16), (8, 4, 8), (5, 1, 20),
+                                                 (32, 1, 32)])
+def test_a_gpu_sample_holds_whole_flush_periods_and_at_least_16_launches(period, layers, steps):
+    # a one-layer eager case (batch 512 at the large models' dims) used to be timed one launch
+    # per CUDA-graph sample, which ran some kernels 6-10 % slower (kernel.MIN_LAUNCHES)
+    from replaybench.runners.kernel import MIN_LAUNCHES, steps_per_sample
+    got = steps_per_sample(period, layers, "cuda")
+    assert got == steps
+    assert got % max(period, 1) == 0 and got * layers >= MIN_LAUNCHES
+    assert steps_per_sample(period, layers, "cpu") == max(period, 1)     # the CPU keeps one period
