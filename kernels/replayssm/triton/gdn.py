@@ -111,11 +111,21 @@ CONFIGS: dict[str, list[tuple]] = {
     # 10.1 vs 19.1 / 10.7, b32 65.7 / 34.0 vs 67.2 / 35.0, b128 259.3 / 130.3 vs 264.3 / 133.2
     # (16 x 1), b256 519.5 / 259.6 (twice; once 532.6 / 261.0 against 16 x 1's 532.7 / 266.0);
     # 98 % of copy from batch 64. A register budget (56, 48) only slows it.
-    "eager":    [(None, 4, 1)],
+    # Session 29: above batch 256 the state's load and store unhinted (no evict_first): Qwen3.5-122B
+    # b512 (2 GiB of state, one layer) 1032.1 / 1032.3 us vs 1045.2 / 1045.5 hinted, vLLM's 1050.2
+    # (probe_layers_s29e.txt, one call); at batch <= 256 the hints win or tie (Qwen3.5-4B b256
+    # 258.3 vs 260.8 unhinted, Qwen3.5-122B b32 65.9 vs 67.4; b256 518.8-520.1 vs 517.4-517.5)
+    "eager":    [(256, 4, 1), (None, 4, 1, {"LOAD_EV": "", "STORE_EV": ""})],
     # bf16 eager: 4 rows x 1 warp up to batch 2, 8 x 1 above (Qwen3.5-122B / Qwen3.5-4B b1 3.2 / 2.5
     # us vs 3.5 / 3.2 at 8 x 1; b32 35.1 / 18.9 vs 43.5 / 23.3 for the 8 x 2 warps this table had at
     # batch 5-64, a 19 % slower baseline there; b256 272 us, 94 % of copy, vs 333 for 64 x 4 warps)
-    "eager:2":  [(2, 4, 1), (None, 8, 1)],
+    # Session 29: above batch 256 two 8-row tiles a program (TILES 2: both loads in flight before
+    # either is used) with the state unhinted. Qwen3.5-122B b512 (1 GiB, one layer), two rounds of
+    # one call (probe_layers_s29e.txt): 533.2 / 533.0 us vs the 8 x 1 row's 560.4 / 561.5 (unhinted
+    # alone 550.7 / 552.2, TILES 2 alone 551.9 / 552.2), vLLM's 531.4 / 531.7; Qwen3.5-4B b512
+    # 269.7 / 269.5 vs 269.9 / 272.0. At batch <= 256 it ties or loses (Qwen3.5-122B b256 268.7 /
+    # 268.5 vs 268.1 / 268.2, b64 70.0 / 69.9 vs 67.7 / 67.6)
+    "eager:2":  [(2, 4, 1), (256, 8, 1), (None, 8, 1, {"TILES": 2, "LOAD_EV": "", "STORE_EV": ""})],
     # fp32 replay, batch <= 16: the eager route (a flush at every step, eager's traffic; see
     # _gdn_replay_eager_kernel). Qwen3.5-122B b1 / b4 / b8: 4.3 / 10.5 / 18.5 us vs 5.9 / 13.0 /
     # 21.6 buffered (eager 4.0 / 10.1 / 18.1); at b16 buffered ran 0.83x (Qwen3.5-4B) and 0.96x

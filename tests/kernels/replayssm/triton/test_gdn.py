@@ -615,12 +615,22 @@ def test_eager_route_plan(monkeypatch):
 @pytest.mark.shipped_routes
 def test_eager_table():
     """Our eager kernel's tiles (session 17's tuning): fp32 4 rows x 1 warp at every batch; 16-bit
-    states 4 rows x 1 warp up to batch 2, 8 x 1 above; no register budget."""
+    states 4 rows x 1 warp up to batch 2, 8 x 1 above, two such tiles a program above batch 256;
+    no register budget; the state's eviction hints (evict_first) dropped above batch 256 (session
+    29), and the plan passes that to the launch."""
     from replayssm.triton import gdn as TK
+    hints = lambda c: (c.get("LOAD_EV", "evict_first"), c.get("STORE_EV", "evict_first"))  # noqa: E731
     for b in (1, 8, 64, 256, 512):
         cfg = TK.pick_config("eager", b, 128, 128)
-        assert (cfg["BLOCK_V"], cfg["num_warps"], cfg.get("maxnreg")) == (4, 1, None)
-    assert [TK.pick_config("eager", b, 128, 128, state_bytes=2)["BLOCK_V"] for b in (1, 2, 3, 32, 256)] == [4, 4, 8, 8, 8]
+        assert (cfg["BLOCK_V"], cfg["num_warps"], cfg.get("maxnreg"), cfg.get("TILES", 1)) == (4, 1, None, 1)
+        assert hints(cfg) == (("", "") if b > 256 else ("evict_first", "evict_first"))
+    got = [TK.pick_config("eager", b, 128, 128, state_bytes=2) for b in (1, 2, 3, 32, 256, 257, 512)]
+    assert [(c["BLOCK_V"], c.get("TILES", 1)) for c in got] == [(4, 1), (4, 1), (8, 1), (8, 1), (8, 1), (8, 2), (8, 2)]
+    assert [hints(c) for c in got[-3:]] == [("evict_first", "evict_first"), ("", ""), ("", "")]
+    big = torch.empty(512, 2, 128, 128, dtype=torch.bfloat16, device="meta")
+    xb = {k: v.to("meta") for k, v in step_inputs(I.GDNShape(1, 2, 128, 128), 512, torch.bfloat16, gen(0)).items()}
+    _, grid, _, mb = TK.plan_eager(big, **xb, state_indices=None, scale=0.3, o=xb["v"])
+    assert grid == (8, 2, 512) and (mb["TILES"], mb["LOAD_EV"], mb["STORE_EV"]) == (2, "", "")
     st = torch.empty(4, 8, 16, 32, device="meta")
     x = {k: v.to("meta") for k, v in step_inputs(I.GDNShape(4, 8, 32, 16), 2, torch.bfloat16, gen(0)).items()}
     meta = TK.plan_eager(st, **x, state_indices=None, scale=0.3, o=x["v"], config={"maxnreg": 40})[3]
@@ -1137,6 +1147,26 @@ def test_real_dims(model, batch, mode, lo, sd):
     GD.commit(rs, acc, idx)
     R.gdn_commit(rr, acc, idx)
     state_check(rs, rr, "commit")
+
+
+@cuda_only
+@pytest.mark.parametrize("model", list(QWEN))
+@pytest.mark.parametrize("batch", [256, 512])     # 512: two tiles a program, no eviction hints (session 29)
+def test_eager_bf16_state_real_dims(model, batch):
+    sh = QWEN[model]
+    g = gen(9)
+    st = I.random_state(batch, sh.num_v_heads, sh.head_v_dim, sh.head_k_dim, dtype=torch.bfloat16, device=DEV, gen=g)
+    st_ref = st.clone()
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV).flip(0)
+    idx[3] = -1
+    for step in range(3):
+        x = step_inputs(sh, batch, torch.bfloat16, g)
+        o = GD.eager_step(st, **x, state_indices=idx, out=poisoned(x["v"]))
+        assert rel_err(o, R.gdn_eager_step(st_ref, **x, state_indices=idx)) <= TOL_BF16_OUT, f"step {step}"
+        assert (o[3] == 0).all(), "padded row must be 0"
+        bad = (st.double() - st_ref.double()).abs() > 2 * ULP[torch.bfloat16] * st_ref.double().abs() + 1e-6
+        assert not bad.any(), f"step {step}: {int(bad.sum())} state elements off by > 2 ulp"
+        st_ref.copy_(st)
 
 
 @cuda_only
