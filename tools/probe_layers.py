@@ -63,35 +63,6 @@ def time_layers(model_name, method, backend, batch, sd, nl, steps, K=16):
     return t.median_us
 
 
-@triton.jit
-def _eager_nostore_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, s_ptr,
-    sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
-    scale,
-    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-):
-    """replayssm's _gdn_eager_kernel without the state store (a probe: what the write costs)."""
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    kh = h // (HV // HK)
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    rmask = rows < DV
-    cols = tl.arange(0, BLOCK_K)
-    cmask = cols < DK
-    slot = tl.load(idx_ptr + b)
-    if slot >= 0:
-        row_off = (slot.to(tl.int64) * HV + h) * DV + rows
-        tile = row_off[:, None] * DK + cols[None, :]
-        mask2 = rmask[:, None] & cmask[None, :]
-        S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
-                           sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
-        o = o + 0.0 * tl.sum(S, 1)      # keep the update live (o is stored)
-        tl.store(o_ptr + b * sob + h * soh + rows, o.to(o_ptr.dtype.element_ty), mask=rmask)
-
-
 def time_nostore(model_name, batch, nl=64, steps=16):
     model = get_model(model_name)
     gen = torch.Generator().manual_seed(3)
@@ -110,7 +81,7 @@ def time_nostore(model_name, batch, nl=64, steps=16):
     def sample():
         for _ in range(steps):
             for grid, args, meta in plans:
-                _eager_nostore_kernel[grid](*args, **meta)
+                _eager_probe_kernel[grid](*args, **meta, STORE_STATE=False)
     t = measure(sample, DEV, TIMING, per=steps * nl)
     del layers, plans
     torch.cuda.empty_cache()
@@ -118,15 +89,17 @@ def time_nostore(model_name, batch, nl=64, steps=16):
 
 
 @triton.jit
-def _eager_ev_kernel(
+def _eager_probe_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, s_ptr,
     sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
     scale,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    LOAD_EV: tl.constexpr = "", STORE_EV: tl.constexpr = "",
+    LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first", STORE_STATE: tl.constexpr = True,
 ):
-    """replayssm's _gdn_eager_kernel with the state's eviction policies as parameters (a probe)."""
+    """replayssm's _gdn_eager_kernel (as of session 29's start) with the state's eviction
+    policies as parameters, and STORE_STATE False: without the state store (what the write
+    costs; the update is kept live through o)."""
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -143,7 +116,10 @@ def _eager_ev_kernel(
         S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy=LOAD_EV).to(tl.float32)
         S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
                            sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
-        tl.store(s_ptr + tile, S.to(s_ptr.dtype.element_ty), mask=mask2, eviction_policy=STORE_EV)
+        if STORE_STATE:
+            tl.store(s_ptr + tile, S.to(s_ptr.dtype.element_ty), mask=mask2, eviction_policy=STORE_EV)
+        else:
+            o = o + 0.0 * tl.sum(S, 1)
         tl.store(o_ptr + b * sob + h * soh + rows, o.to(o_ptr.dtype.element_ty), mask=rmask)
 
 
@@ -163,9 +139,10 @@ def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None, conf
     for lay in layers:
         for a, z in zip(cut, cut[1:]):
             kern, grid, args, meta = TK.plan_eager(lay.state, *(inp[n][a:z] for n in ("q", "k", "v", "g", "beta")),
-                                                   idx[a:z], scale, o[a:z], config)
+                                                   idx[a:z], scale, o[a:z],
+                                                   config if ev is None else dict(config or {}, TILES=1))
             if ev is not None:
-                kern, meta = _eager_ev_kernel, dict(meta, LOAD_EV=ev[0], STORE_EV=ev[1])
+                kern, meta = _eager_probe_kernel, dict(meta, LOAD_EV=ev[0], STORE_EV=ev[1])
             plans.append((kern, grid, args, meta))
 
     def sample():
