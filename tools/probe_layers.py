@@ -81,11 +81,16 @@ def time_nostore(model_name, batch, nl=64, steps=16):
     def sample():
         for _ in range(steps):
             for grid, args, meta in plans:
-                _eager_probe_kernel[grid](*args, **meta, STORE_STATE=False)
+                _eager_probe_kernel[grid](*args, **_probe_meta(meta), STORE_STATE=False)
     t = measure(sample, DEV, TIMING, per=steps * nl)
     del layers, plans
     torch.cuda.empty_cache()
     return t.median_us
+
+
+def _probe_meta(meta: dict) -> dict:
+    """An eager plan's launch meta for _eager_probe_kernel (one tile a program)."""
+    return {k: v for k, v in meta.items() if k != "TILES"}
 
 
 @triton.jit
@@ -142,7 +147,7 @@ def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None, conf
                                                    idx[a:z], scale, o[a:z],
                                                    config if ev is None else dict(config or {}, TILES=1))
             if ev is not None:
-                kern, meta = _eager_probe_kernel, dict(meta, LOAD_EV=ev[0], STORE_EV=ev[1])
+                kern, meta = _eager_probe_kernel, {**_probe_meta(meta), "LOAD_EV": ev[0], "STORE_EV": ev[1]}
             plans.append((kern, grid, args, meta))
 
     def sample():

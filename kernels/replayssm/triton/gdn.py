@@ -53,6 +53,7 @@ _CUR_MASK = tl.constexpr(CURSOR_MASK)
 _LO_STALE = tl.constexpr(LO_STALE)
 _FP8_MAX = tl.constexpr(FP8_MAX)
 EVICT_POLICIES = ("evict_first", "evict_last", "")    # a state load's / store's L2 policy ("": none)
+_EVICT_FIRST = tl.constexpr("evict_first")   # the jit helpers' default (a plain str default does not compile)
 
 # ----------------------------------------------------------------------------- launch table
 # Per op: rows (max_batch, BLOCK_V, num_warps[, options]); the first row with batch <= max_batch
@@ -430,7 +431,7 @@ def interpreting() -> bool:
 
 # ----------------------------------------------------------------------------- jit helpers
 @triton.jit
-def _ckpt_load(ptr, sc_ptr, tile_off, row_off, mask, rmask, FP8: tl.constexpr, EV: tl.constexpr = "evict_first"):
+def _ckpt_load(ptr, sc_ptr, tile_off, row_off, mask, rmask, FP8: tl.constexpr, EV: tl.constexpr = _EVICT_FIRST):
     """Dequantised [BLOCK_V, BLOCK_K] fp32 tile (masked elements 0). Streamed once: evict first
     by default; EV: the L2 eviction policy ("" for none: see LOAD_EV of the eager kernels)."""
     s = tl.load(ptr + tile_off, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
@@ -441,7 +442,7 @@ def _ckpt_load(ptr, sc_ptr, tile_off, row_off, mask, rmask, FP8: tl.constexpr, E
 
 @triton.jit
 def _ckpt_store(ptr, sc_ptr, tile_off, row_off, s, mask, rmask, FP8: tl.constexpr, INTERP: tl.constexpr,
-                EV: tl.constexpr = "evict_first"):
+                EV: tl.constexpr = _EVICT_FIRST):
     """Store a fp32 tile, quantising; fp8: per-row scale amax/448 (1 for a zero row).
     Whole rows live in one program (we tile dv only), so the row amax is local."""
     if FP8:
@@ -483,7 +484,7 @@ def _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
 @triton.jit
 def _folded_tile(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, slot64, h, kh, n, rows, rmask, cols, cmask,
                  HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-                 HI_FP8: tl.constexpr, DUAL: tl.constexpr, EPS: tl.constexpr, EV: tl.constexpr = "evict_first"):
+                 HI_FP8: tl.constexpr, DUAL: tl.constexpr, EPS: tl.constexpr, EV: tl.constexpr = _EVICT_FIRST):
     """The high checkpoint's [BLOCK_V, dk] tile of (slot, value head h), rows `rows`, with buffer
     entries 0..n-1 folded in (_fold): (S, its element offsets, its row offsets, its mask)."""
     row_off = (slot64 * HV + h) * DV + rows
@@ -503,7 +504,7 @@ def _gdn_eager_kernel(
     scale,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first", TILES: tl.constexpr = 1,
+    LOAD_EV: tl.constexpr = _EVICT_FIRST, STORE_EV: tl.constexpr = _EVICT_FIRST, TILES: tl.constexpr = 1,
 ):
     """Eager step on one [BLOCK_V, dk] tile: read S once, write S once.
     sk = S k, sq = S q (one pass), u = beta (v - alpha sk), S' = alpha S + u k^T,
@@ -605,7 +606,7 @@ def _gdn_replay_eager_kernel(
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
-    PENDING_CALL: tl.constexpr = False, LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first",
+    PENDING_CALL: tl.constexpr = False, LOAD_EV: tl.constexpr = _EVICT_FIRST, STORE_EV: tl.constexpr = _EVICT_FIRST,
 ):
     """The replay step's eager route (EAGER_ROUTE, a small-batch route): a flush at every step,
     with eager's traffic and latency. One [BLOCK_V, dk] tile of the HIGH checkpoint per program.
@@ -710,7 +711,7 @@ def _route_ticket(cur_ptr, slot64, nprog, DUAL: tl.constexpr):
 
 @triton.jit
 def _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask,
-                 HI_FP8: tl.constexpr, INTERP: tl.constexpr, EV: tl.constexpr = "evict_first"):
+                 HI_FP8: tl.constexpr, INTERP: tl.constexpr, EV: tl.constexpr = _EVICT_FIRST):
     """The eager route's writes: the tile S to the high copy (eviction policy EV), o [BLOCK_V]."""
     _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP, EV)
     tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
@@ -1263,7 +1264,7 @@ def _gdn_flush_step_kernel(
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
     WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, GDC: tl.constexpr = False,
     TMA: tl.constexpr = False, ST_TMA: tl.constexpr = False,
-    LOAD_EV: tl.constexpr = "evict_first", STORE_EV: tl.constexpr = "evict_first",
+    LOAD_EV: tl.constexpr = _EVICT_FIRST, STORE_EV: tl.constexpr = _EVICT_FIRST,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -2054,9 +2055,7 @@ def plan_eager(state, q, k, v, g, beta, state_indices, scale, o, config=None):
     grid = (triton.cdiv(dv, cfg["BLOCK_V"] * tiles), Hv, batch)
     args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), state,
             *_strides(q, k, v, g, beta, o, dims=2), scale]
-    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv)
-    if tiles > 1:
-        meta["TILES"] = tiles
+    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, TILES=tiles)
     _launch_options(meta, cfg)
     _evict_options(meta, cfg)
     return _gdn_eager_kernel, grid, args, meta
@@ -2348,13 +2347,13 @@ def _launch_options(meta: dict, cfg: dict) -> None:
 
 def _evict_options(meta: dict, cfg: dict) -> None:
     """meta's LOAD_EV / STORE_EV (the state's L2 eviction policies: "evict_first", "evict_last"
-    or "" for none) where the row or config sets them; the kernels that take them default to
-    "evict_first"."""
+    or "" for none): the row's or config's, else "evict_first". Always set, so that an offline
+    compile (compile_offline) sees every constexpr of the launch."""
     for opt in ("LOAD_EV", "STORE_EV"):
-        if opt in cfg:
-            if cfg[opt] not in EVICT_POLICIES:
-                raise ValueError(f"config {opt}={cfg[opt]!r}: allowed {', '.join(map(repr, EVICT_POLICIES))}")
-            meta[opt] = cfg[opt]
+        ev = cfg.get(opt, "evict_first")
+        if ev not in EVICT_POLICIES:
+            raise ValueError(f"config {opt}={ev!r}: allowed {', '.join(map(repr, EVICT_POLICIES))}")
+        meta[opt] = ev
 
 
 def _launch(plan) -> None:
