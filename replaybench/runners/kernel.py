@@ -27,12 +27,16 @@ from . import SkipCase
 
 STATE_TARGET_BYTES = 1 << 30      # all layers' state together: ~18x the H200's 60 MB L2
 MAX_LAYERS = 64
-# A CUDA-graph sample holds at least this many layer steps (launches of a step's op). A graph of
-# one long launch timed sample by sample ran some kernels 6-10 % slower than the same launches
-# back to back, and not others (H200, tools/probe_layers.py, probe_layers_s29a.txt: our Mamba-2
-# eager at Ultra-550B dims b512 1181 us vs 1081 with 16 steps a sample; vLLM's GDN kernel at
-# Qwen3.5-122B dims b512 592 vs 535; every other layout of 1-4 layers x 1-16 steps agreed).
-MIN_LAUNCHES = 16
+# A CUDA-graph sample holds the same number of decode steps for every method (SAMPLE_STEPS,
+# rounded up to whole flush periods), so the graph-to-graph gap each sample carries weighs the
+# same on eager, vLLM and replay rows of a case set: with one step a sample, an eager case of 64
+# layers at batch 1 (a 64-launch graph, ~190 us) carried it over 16x fewer launches than the
+# replay case beside it (16 steps, 1024 launches). It also keeps >= 16 launches in a one-layer
+# sample: a graph of one long launch ran some kernels 6-10 % slower than the same launches back
+# to back (H200, tools/probe_layers.py, probe_layers_s29a.txt: our Mamba-2 eager at Ultra-550B
+# dims b512 1181 us vs 1081 with 16 steps a sample; vLLM's GDN kernel at Qwen3.5-122B b512 592 vs
+# 535).
+SAMPLE_STEPS = 16
 CHECK_TOL = {"float8_e4m3": 0.1, "bfloat16": 3e-2, "float16": 3e-2, "float32": 3e-2}
 MODE_OF = {"replay": "replay", "replay-dual": "dual", "replay-shared-low": "shared-low", "spec-replay": "replay",
            "spec-replay-dual": "dual"}
@@ -176,13 +180,13 @@ def layers_for(state_bytes_per_layer: float, device: str) -> int:
 
 
 def steps_per_sample(flush_period: int, layers: int, device: str) -> int:
-    """Decode steps in one timed sample over `layers` layer states: a whole flush period (every
-    flush phase once; 1 for methods without one), on a GPU repeated until the sample holds
-    >= MIN_LAUNCHES layer steps (a one-layer case: 16 steps, as a multi-layer one has 16+)."""
+    """Decode steps in one timed sample over `layers` layer states: on a GPU SAMPLE_STEPS rounded
+    up to whole flush periods (every flush phase equally often; period 1 for methods without
+    one), whatever the layer count; on the CPU one period."""
     period = max(flush_period, 1)
     if not device.startswith("cuda"):
         return period
-    return period * max(1, math.ceil(MIN_LAUNCHES / (period * max(layers, 1))))
+    return period * math.ceil(SAMPLE_STEPS / period)
 
 
 def workload(case, model, device: str):
