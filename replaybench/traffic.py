@@ -14,9 +14,11 @@ Per sequence, with S = state bytes of the copy read, r = bytes of one buffer row
     replay, n = K-1  read S_hi + n r + in    write S_hi (+ S_lo) + out   (flush step)
     average          read ((K-1) S_read + S_hi)/K + r (K-1)/2 + in
                      write r (K-1)/K + (S_hi + S_lo)/K + out
-    replay, routed   read S_hi + in          write S_hi + out            (small-batch eager route:
-                     a flush at every step; a dual state's low copy is left stale, refreshed by
-                     the first buffered step after, a one-off not in this average)
+    replay, routed   the small-batch route of period k (1 <= k <= K: a flush at every k-th
+                     step, the high copy alone read and written): the average above with K = k
+                     and S_read = S_hi, S_lo = 0 (k = 1: read S_hi + in, write S_hi + out, eager's
+                     bytes); a dual state's low copy is left stale, refreshed by the first
+                     buffered step after, a one-off not in this average
 
 Speculative (per round: verify T tokens, commit m ~ the acceptance model; see spec_traffic):
 
@@ -123,12 +125,12 @@ def eager_traffic(lb: LayerBytes, batch: int) -> Traffic:
                           "buffer_write": 0.0, "io": batch * (lb.io_in + lb.io_out)})
 
 
-def replay_traffic(lb: LayerBytes, batch: int, flush_period: int, routed: bool = False) -> Traffic:
-    """Average over a flush period K (see the module docstring); routed: the small-batch eager
-    route (K = 1, the high copy alone written)."""
-    K = 1 if routed else flush_period
-    state_read = ((K - 1) * lb.state_read + lb.state_hi) / K
-    state_write = lb.state_hi if routed else (lb.state_hi + lb.state_lo) / K
+def replay_traffic(lb: LayerBytes, batch: int, flush_period: int, routed: int = 0) -> Traffic:
+    """Average over a flush period K (see the module docstring); routed: the small-batch route's
+    period k (0: not routed; K = k, the high copy alone read and written)."""
+    K = min(int(routed), flush_period) if routed else flush_period
+    state_read = lb.state_hi if routed else ((K - 1) * lb.state_read + lb.state_hi) / K
+    state_write = lb.state_hi / K if routed else (lb.state_hi + lb.state_lo) / K
     buf_read, buf_write = lb.row * (K - 1) / 2, lb.row * (K - 1) / K
     # output-only steps touch each state element ~replay_flops times; the flush step folds
     # (eager-like work) once per period
@@ -222,20 +224,20 @@ def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str,
     raise ValueError(f"unknown op {op!r}; allowed: mamba2, gdn")
 
 
-def _eager_route(case, model) -> bool:
-    """Whether the Triton replay step takes its eager route at this case's shape (the kernel
-    library's tables decide; such steps flush every step: flush period 1 here)."""
+def _route_period(case, model) -> int:
+    """The period of the small-batch route the Triton replay step takes at this case's shape
+    (0: it buffers; the kernel library's tables decide: GDN's ROUTE_K, Mamba-2's 1)."""
     if getattr(case, "backend", "") != "triton":
-        return False
+        return 0
     read = DTYPE_BYTES[case.state_dtype if case.method == "replay" else case.lo_dtype]  # dual: the low copy
     dual = case.method == "replay-dual"
     if model.op == "gdn":
-        from replayssm.triton.gdn import takes_eager_route   # the kernel library's table (needs triton)
-        return takes_eager_route(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read,
-                                 dual=dual, heads=model.ssm.num_v_heads)
+        from replayssm.triton.gdn import route_period   # the kernel library's table (needs triton)
+        return route_period(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read,
+                            case.flush_period, dual=dual, heads=model.ssm.num_v_heads)
     from replayssm.triton.mamba2 import takes_eager_route
-    return takes_eager_route(model.ssm.head_dim, read, case.batch, model.ssm.nheads, dual,
-                             DTYPE_BYTES[case.state_dtype])
+    return int(takes_eager_route(model.ssm.head_dim, read, case.batch, model.ssm.nheads, dual,
+                                 DTYPE_BYTES[case.state_dtype]))
 
 
 def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
@@ -247,7 +249,7 @@ def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
     if case.method in EAGER_METHODS:
         return eager_traffic(lb, case.batch)
     if case.method in REPLAY_METHODS:
-        return replay_traffic(lb, case.batch, case.flush_period, _eager_route(case, model))
+        return replay_traffic(lb, case.batch, case.flush_period, _route_period(case, model))
     if case.method in SPEC_METHODS:
         if accepted is None:   # the case's acceptance model (replaybench.accept)
             from .accept import DEFAULT, accept_pmf

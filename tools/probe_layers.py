@@ -160,6 +160,30 @@ def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None, conf
     return t.median_us
 
 
+def time_route(model_name, method, batch, route_k=None, route=None, steps=16, sd="float32"):
+    """us per step per layer of a replay method through the sweep's Layer objects, the table's
+    small-batch route row replaced by `route` (a dict: BLOCK_V, num_warps, maxnreg, ...) with
+    ROUTE_K = route_k (None: the row as shipped); eager methods as they are. Layers: >= 1 GiB of
+    fp32 state (at most 64), as the sweep lays them out; `steps` steps a sample (SAMPLE_STEPS)."""
+    model = get_model(model_name)
+    d = model.ssm
+    per_layer = batch * d.num_v_heads * d.head_v_dim * d.head_k_dim * 4
+    nl = max(1, min(64, -(-(1 << 30) // per_layer)))
+    rows = TK.CONFIGS["replay"]
+    saved = list(rows)
+    try:
+        if route is not None or route_k is not None:
+            i = next(j for j, r in enumerate(rows) if len(r) > 3 and r[3].get("EAGER_ROUTE"))
+            opts = dict(route if route is not None else rows[i][3], EAGER_ROUTE=True)
+            if route_k is not None:
+                opts["ROUTE_K"] = route_k
+            bv, nw = opts.pop("BLOCK_V", rows[i][1]), opts.pop("num_warps", rows[i][2])
+            rows[i] = (max(rows[i][0], batch), bv, nw, opts)
+        return time_layers(model_name, method, "vllm" if method == "vllm-eager" else "triton", batch, sd, nl, steps)
+    finally:
+        rows[:] = saved
+
+
 def _power_w() -> float:
     try:
         import pynvml
@@ -294,6 +318,31 @@ def probes():
                         time_eager_launches(m, b, s, n, st, config=c)))
         out.append(("tiles", f"{model} b{b} {sd} nl{nl} steps{steps} vllm-eager", lambda m=model, b=b, s=sd, n=nl,
                     st=steps: time_layers(m, "vllm-eager", "vllm", b, s, n, st)))
+    # session 30: the deferred small-batch route (ROUTE_K: the state written every k-th step, the
+    # cursor moved without a ticket) against our eager kernel and the every-step route, in the
+    # sweep's layout (>= 1 GiB of layers, 16 steps a sample); eager also at 1 step a sample (the
+    # layout the sweep used for eager until this session)
+    r41 = {"BLOCK_V": 4, "num_warps": 1, "maxnreg": 56}
+    for model in ("qwen3.5-4b", q122):
+        out.append(("defer", f"{model} b1 f32 eager steps1", lambda m=model: time_route(m, "eager", 1, steps=1)))
+        for b in (1, 2, 4, 8, 16, 32):
+            tag = f"{model} b{b} f32"
+            out.append(("defer", f"{tag} eager", lambda m=model, b=b: time_route(m, "eager", b)))
+            out.append(("defer", f"{tag} replay table", lambda m=model, b=b: time_route(m, "replay", b)))
+            if b > 16:
+                out.append(("defer", f"{tag} replay route k1 4x1", lambda m=model, b=b: time_route(
+                    m, "replay", b, 1, r41)))
+            for k, cfg in ((2, r41), (2, {"BLOCK_V": 4, "num_warps": 1}), (2, {"BLOCK_V": 8, "num_warps": 1}),
+                           (3, r41), (4, r41), (4, {"BLOCK_V": 8, "num_warps": 1})):
+                lbl = f"{tag} replay route k{k} {cfg['BLOCK_V']}x{cfg['num_warps']}" + (
+                    f" maxnreg{cfg['maxnreg']}" if "maxnreg" in cfg else "")
+                out.append(("defer", lbl, lambda m=model, b=b, k=k, c=cfg: time_route(m, "replay", b, k, c)))
+        for b in (1, 4, 8):
+            tag = f"{model} b{b} f32+bf16"
+            out.append(("defer", f"{tag} replay-dual table", lambda m=model, b=b: time_route(m, "replay-dual", b)))
+            for k in (2, 4):
+                out.append(("defer", f"{tag} replay-dual route k{k} 4x1 maxnreg56", lambda m=model, b=b, k=k:
+                            time_route(m, "replay-dual", b, k, r41)))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -308,7 +357,8 @@ def probes():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore)")
+    ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore, "
+                                               "defer)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}

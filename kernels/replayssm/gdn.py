@@ -58,13 +58,13 @@ def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, scale=
 def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, *,
                 backend: str = "triton", out=None, config=None):
     """One ReplaySSM step (output-only route; fused flush where cursor + 1 >= K; or, where the
-    kernel table says so (small batches), the eager route: a flush at every step). Returns
-    o [b, Hv, dv]."""
+    kernel table says so (small batches), the small-batch route on the high copy: a flush every
+    k-th step, reference.gdn_replay_step's `route`). Returns o [b, Hv, dv]."""
     check_backend(backend)
     if backend == "reference":
         return into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))
-    if rs.counter is not None:   # the eager route flushes at every step
-        _count_replay(rs, q, k, v, g, beta, state_indices, _kernels().state_takes_eager_route(rs, k, v, config))
+    if rs.counter is not None:   # the small-batch route flushes every k-th step
+        _count_replay(rs, q, k, v, g, beta, state_indices, _kernels().state_route_period(rs, k, v, config))
     return _kernels().replay_step(rs, q, k, v, g, beta, state_indices, scale, out, config)
 
 
@@ -118,8 +118,8 @@ def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, ba
     _kernels().commit(rs, accepted, state_indices, config)
 
 
-def _count_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, route: bool) -> None:
-    """Same byte accounting as reference.gdn_replay_step (route: the small-batch route's; host
+def _count_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, route: int) -> None:
+    """Same byte accounting as reference.gdn_replay_step (route: the small-batch route's period; host
     sync: not for graph capture)."""
     rows, slots = _live(state_indices, v.shape[0], v.device)
     if len(rows) == 0:

@@ -25,6 +25,11 @@ the state after all n + 1 entries is formed from the *high* checkpoint, written 
 cursor returns to 0. Otherwise the output comes from the read checkpoint (the low copy
 in dual mode) and the buffer, and the cursor advances. A dual state whose low copy is
 stale (state.LO_STALE, left by the small-batch route: `route=True`) flushes at its next step.
+
+The small-batch route (`route` = its period k >= 1; True = 1): a flush where n + 1 >= k, so
+k = 1 flushes at every step. It reads and writes the high checkpoint alone: a step that does not
+flush takes its output from the high checkpoint and the buffer and appends; a dual state's low
+copy is marked stale by every route step (GDN takes k >= 2; Mamba-2 k = 1).
 """
 from __future__ import annotations
 
@@ -156,7 +161,7 @@ def _mamba2_row_bytes(rs: Mamba2ReplayState) -> int:
 
 
 def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
-                       route: bool = False):
+                       route: int = 0):
     """One ReplaySSM decode step (output-only route; fused flush when the cursor reaches K or
     the low copy is stale). route: the small-batch route's semantics (_flush_rows).
 
@@ -181,9 +186,9 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
     y = torch.empty(len(rows), H, x.shape[2], dtype=cd, device=x.device)
     f, nf = torch.nonzero(flush).flatten(), torch.nonzero(~flush).flatten()
     if len(nf):
-        S = rs.read_ckpt.read(slots[nf], cd)
+        S = (rs.hi if route else rs.read_ckpt).read(slots[nf], cd)
         y[nf] = _mamba2_outputs(S, X[nf], Bb[nf], dtb[nf], Acd, Ch[nf, None], n[nf, None])[:, 0]
-        rs.cursor[slots[nf]] = (n[nf] + 1).to(torch.int32)
+        _advance(rs, slots[nf], n[nf], route)
     if len(f):
         S = _mamba2_fold(rs.hi.read(slots[f], cd), X[f], Bb[f], dtb[f], Acd, n[f])
         y[f] = torch.einsum("bhpn,bhn->bhp", S, Ch[f])
@@ -196,27 +201,40 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
     return out
 
 
-def count_step(rs, n, flush, route: bool, io_read: int, io_write: int) -> None:
+def count_step(rs, n, flush, route: int, io_read: int, io_write: int) -> None:
     """Bytes of one replay step over live rows with entries n [b] and flush decisions
-    flush [b] (_flush_rows); io_read / io_write: input / output bytes per row."""
+    flush [b] (_flush_rows); io_read / io_write: input / output bytes per row; route: the
+    small-batch route's period (0: not routed; its steps read the high copy)."""
     nflush = int(flush.sum())
     nn = len(n) - nflush
     rb = rs.buffer_row_bytes()
-    rs.count(ckpt_read=nn * rs.read_ckpt.bytes_per_slot() + nflush * rs.hi.bytes_per_slot(),
+    read = rs.hi if route else rs.read_ckpt
+    rs.count(ckpt_read=nn * read.bytes_per_slot() + nflush * rs.hi.bytes_per_slot(),
              buf_read=int(n.sum()) * rb, buf_write=nn * rb, io_read=len(n) * io_read, io_write=len(n) * io_write)
     _count_flush_write(rs, nflush, route)
 
 
-def _flush_rows(rs, slots, n, route: bool) -> torch.Tensor:
+def _flush_rows(rs, slots, n, route: int) -> torch.Tensor:
     """[b] bool: the step flushes the sequence. Its cursor reaches K, or a stale low copy
     (LO_STALE) would be read: the step folds and refreshes it instead. route (the small-batch
-    route's semantics, which the Triton kernels take by batch size): every sequence flushes."""
+    route's period k, which the Triton kernels take by batch size): the cursor reaches
+    min(k, K) (k = 1: every sequence flushes); the low copy is not read."""
     if route:
-        return torch.ones_like(n, dtype=torch.bool)
+        return n + 1 >= min(int(route), rs.flush_period)
     return (n + 1 >= rs.flush_period) | rs.lo_stale(slots)
 
 
-def _write_flushed(rs, slots, S, route: bool = False) -> None:
+def _advance(rs, slots, n, route: int) -> None:
+    """Cursors of sequences that appended without flushing: n + 1; the small-batch route
+    (route >= 1) marks a dual state's low copy stale (module docstring)."""
+    c = (n + 1).to(torch.int32)
+    if route and rs.mode == "dual":
+        c = c | LO_STALE
+        rs.routed = True
+    rs.cursor[slots] = c
+
+
+def _write_flushed(rs, slots, S, route: int = 0) -> None:
     """Write a folded state to the high checkpoint, refresh the low copy, reset cursors.
     route (dual): the high copy only; the low copy is left stale (the cursor word LO_STALE)."""
     rs.hi.write(slots, S)
@@ -229,7 +247,7 @@ def _write_flushed(rs, slots, S, route: bool = False) -> None:
     rs.cursor[slots] = 0
 
 
-def _count_flush_write(rs, nflush: int, route: bool = False) -> None:
+def _count_flush_write(rs, nflush: int, route: int = 0) -> None:
     per = rs.hi.bytes_per_slot() if route and rs.mode == "dual" else rs.state_bytes_per_slot()
     rs.count(ckpt_write=nflush * per)
     if rs.counter is not None:
@@ -434,9 +452,9 @@ def gdn_rederive_u(rs: GDNReplayState) -> None:
                         u_out=rs.u)
 
 
-def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, route: bool = False):
+def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, route: int = 0):
     """One ReplaySSM GDN decode step (fused flush when the cursor reaches K or the low copy is
-    stale). route: the small-batch route's semantics (_flush_rows).
+    stale). route: the small-batch route's period k (module docstring; _flush_rows).
 
     Shapes as gdn_eager_step. Computes S_{t-1} k_t and S_t q_t from checkpoint + buffer,
     u_t = beta (v - alpha S_{t-1} k_t), appends (u_t, k_t, g_t [, v_t, beta_t]). Returns o [b, Hv, dv].
@@ -459,7 +477,18 @@ def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, sc
     flush = _flush_rows(rs, slots, n, route)
     o = torch.empty(len(rows), Hv, v.shape[2], dtype=cd, device=v.device)
     f, nf = torch.nonzero(flush).flatten(), torch.nonzero(~flush).flatten()
-    if len(nf):
+    if len(nf) and route:
+        # the small-batch route's step without a flush: the state after entries 0..n-1 formed
+        # from the high checkpoint (dual: u recomputed against it, as a flush does), this step
+        # taken on it, its u appended
+        S = _gdn_fold(rs, slots[nf], cd, n[nf] - 1)
+        a = torch.exp(gs[nf])[..., None]
+        u = bs[nf, :, None] * (vs[nf] - a * torch.einsum("bhvk,bhk->bhv", S, kn[nf]))
+        rs.u[slots[nf], n[nf]] = u.to(rs.u.dtype)
+        S = a[..., None] * S + u[..., None] * kn[nf, :, None, :]
+        o[nf] = torch.einsum("bhvk,bhk->bhv", S, qn[nf])
+        _advance(rs, slots[nf], n[nf], route)
+    elif len(nf):
         U, Kn, G = _gdn_buffer(rs, slots[nf], cd)
         S = rs.read_ckpt.read(slots[nf], cd)
         sk = _gdn_apply(S, U, Kn, G, kn[nf, None], n[nf, None] - 1)[:, 0]
@@ -467,7 +496,7 @@ def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, sc
         rs.u[slots[nf], n[nf]] = u.to(rs.u.dtype)
         U = rs.u[slots[nf]].to(cd)
         o[nf] = _gdn_apply(S, U, Kn, G, qn[nf, None], n[nf, None])[:, 0]
-        rs.cursor[slots[nf]] = (n[nf] + 1).to(torch.int32)
+        _advance(rs, slots[nf], n[nf], route)
     if len(f):
         if rs.mode != "dual":  # the new entry's u is needed to fold the stored u's
             U, Kn, G = _gdn_buffer(rs, slots[f], cd)

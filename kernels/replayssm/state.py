@@ -20,13 +20,23 @@ The buffer is linear, not circular: a flush folds every committed entry, so the 
 returns to 0 and new entries overwrite from the start. Drafts beyond the cursor
 (speculation) are simply overwritten by the next verify: rollback is a cursor move.
 
-The cursor word: bits 0-14 hold the entry count n (so L < 2^15), bit 15 (LO_STALE) says that
-a dual state's low copy is behind its high checkpoint. The small-batch route (a flush at
-every step) writes only the high copy of a dual state and sets the bit, with n = 0. The low
-copy is refreshed lazily, by the next op that needs it: a buffered step flushes that
+The cursor word: bits 0-7 hold the entry count n (so L < 2^8), bits 8-14 the small-batch
+route's epoch (below), bit 15 (LO_STALE) says that a dual state's low copy is behind its high
+checkpoint; kernels add tickets above bit 15 within a launch. The small-batch route (a flush
+every k-th step, 1 <= k <= K) writes only the high copy of a dual state and sets the bit. The
+low copy is refreshed lazily, by the next op that needs it: a buffered step flushes that
 sequence, a verify rewrites the copy and clears the bit first, a flush writes both copies
-(reference.py implements the same). Any op that stores a new cursor clears the bit. Read the
-count with ``rs.entries(slots)``, never ``rs.cursor`` raw.
+(reference.py implements the same). Any op that stores a new cursor clears the bit and the
+epoch. Read the count with ``rs.entries(slots)``, never ``rs.cursor`` raw.
+
+The route's epoch (GDN, k >= 2): one program of the route's launch moves the cursor with a
+plain store while the others may still be about to read it, and no ticket says when all have
+read. So every program keeps the epoch it last saw in ``route_epoch`` (one byte per 4 rows of a
+head: a program owns whole 4-row groups), and the word the route stores carries the next epoch
+(1..127, never 0). A program reading the word then knows whether it sees the value before the
+launch (its epoch) or the value a sibling of this launch stored (the next epoch; the route's
+transition n -> (n + 1) mod k then gives the count before). A word any other op stored has
+epoch 0: the route then moves the cursor by ticket, once, and every program relearns the epoch.
 """
 from __future__ import annotations
 
@@ -36,7 +46,9 @@ import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 LO_STALE = 1 << 15          # cursor bit: the low copy is stale (module docstring)
-CURSOR_MASK = LO_STALE - 1  # cursor bits: entries since the last flush
+CURSOR_MASK = (1 << 8) - 1  # cursor bits: entries since the last flush
+EPOCH_SHIFT = 8             # cursor bits 8-14: the small-batch route's epoch (module docstring)
+EPOCH_ROWS = 4              # rows of a value head per route_epoch byte
 
 DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -168,6 +180,9 @@ class ReplayStateBase:
     # a small-batch route step has run on this dual state, so low copies may be stale (LO_STALE):
     # the Triton verify then refreshes them first (host-side: graph-safe, set before capture)
     routed: bool = field(default=False)
+    # a deferred small-batch route step (GDN, period >= 2) has run: cursor words may carry its
+    # epoch bits, which the Triton verify does not mask: it clears them first (host-side, as routed)
+    deferred: bool = field(default=False)
 
     def entries(self, slots=None) -> torch.Tensor:
         """Committed entries n [len(slots)] (long) of `slots` (default: all), the LO_STALE bit masked."""
@@ -257,6 +272,8 @@ class GDNReplayState(ReplayStateBase):
     v:    [S, L, Hv, dv]  activation dtype, dual mode only: raw values, so a flush can
                           recompute u against the high checkpoint
     beta: [S, L, Hv]      float32, dual mode only
+    route_epoch: [S, Hv, ceil(dv / EPOCH_ROWS)] int8: the small-batch route's epochs (module
+                          docstring), one per 4-row group of a head; 0 = none seen
     """
 
     u: torch.Tensor = None
@@ -264,6 +281,7 @@ class GDNReplayState(ReplayStateBase):
     g: torch.Tensor = None
     v: torch.Tensor | None = None
     beta: torch.Tensor | None = None
+    route_epoch: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
@@ -290,7 +308,8 @@ class GDNReplayState(ReplayStateBase):
                    k=z(slots, buffer_len, num_k_heads, head_k_dim, dtype=act),
                    g=z(slots, buffer_len, num_v_heads, dtype=f),
                    v=z(slots, buffer_len, num_v_heads, head_v_dim, dtype=act) if dual else None,
-                   beta=z(slots, buffer_len, num_v_heads, dtype=f) if dual else None)
+                   beta=z(slots, buffer_len, num_v_heads, dtype=f) if dual else None,
+                   route_epoch=z(slots, num_v_heads, -(-head_v_dim // EPOCH_ROWS), dtype=torch.int8))
 
 
 def check_periods(buffer_len: int, flush_period: int, spec_window: int = 0) -> None:

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ..reference import L2_EPS
-from ..state import CURSOR_MASK, FP8_MAX, LO_STALE, GDNReplayState
+from ..state import CURSOR_MASK, EPOCH_ROWS, EPOCH_SHIFT, FP8_MAX, LO_STALE, GDNReplayState
 from .common import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
     prefetch_hint
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
@@ -51,6 +51,9 @@ from .offline import compile_launch
 _TICKET = tl.constexpr(1 << 16)
 _CUR_MASK = tl.constexpr(CURSOR_MASK)
 _LO_STALE = tl.constexpr(LO_STALE)
+_EP_SHIFT = tl.constexpr(EPOCH_SHIFT)
+_EP_ONE = tl.constexpr(1 << EPOCH_SHIFT)                  # the route's word after a ticket: epoch 1, count 0
+_EP_ONE_STALE = tl.constexpr((1 << EPOCH_SHIFT) | LO_STALE)
 _FP8_MAX = tl.constexpr(FP8_MAX)
 EVICT_POLICIES = ("evict_first", "evict_last", "")    # a state load's / store's L2 policy ("": none)
 _EVICT_FIRST = tl.constexpr("evict_first")   # the jit helpers' default (a plain str default does not compile)
@@ -715,6 +718,153 @@ def _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask,
     """The eager route's writes: the tile S to the high copy (eviction policy EV), o [BLOCK_V]."""
     _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP, EV)
     tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
+
+
+@triton.jit
+def _gdn_route_defer_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, hi_ptr, cur_ptr, ep_ptr,
+    sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
+    scale, nprog,
+    hi_sc_ptr,
+    ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+    HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, RK: tl.constexpr,
+    EP_ROWS: tl.constexpr, LOAD_EV: tl.constexpr = _EVICT_FIRST, STORE_EV: tl.constexpr = _EVICT_FIRST,
+):
+    """The small-batch route with period RK >= 2 (ROUTE_K): the state is written at every
+    RK-th step only. One [BLOCK_V, dk] tile of the HIGH checkpoint per program, as the eager
+    route; at cursor n < RK the tile gets entries 0..n-1 folded in (stored u; dual: u
+    recomputed against it), then this step: o = S' q; n + 1 = RK: S' written, cursor 0; else
+    the entry appended at n (u, k, g; dual: v, beta), cursor n + 1. So the route moves the
+    state's read and 1/RK of its write a step, against eager's read and write.
+
+    The cursor moves without a ticket (state.py, "the route's epoch"): program (0, 0) of the
+    sequence stores (e' << 8) | n' (dual: | LO_STALE), e' = ep % 127 + 1, where ep is the epoch
+    the program's rows last saw (route_epoch, ep_ptr: one byte per 4 rows); every program
+    stores e' there. A program reading epoch ep sees the word from before the launch; epoch
+    e' is a sibling's store, whose count n' came from n by n -> (n + 1) mod RK. Any other word
+    (epoch 0: another op moved the cursor; or n >= RK) takes the rare path: entries 0..n-1
+    folded, this step, S' written, and a ticket each; the last program stores epoch 1, count 0.
+    Every program has read the word before its own ticket, so all agree on the path and on n.
+    The steady step is computed ahead of the branch on the path (see _gdn_replay_eager_kernel)."""
+    tl.static_assert(BLOCK_V % EP_ROWS == 0, "BLOCK_V: a multiple of EP_ROWS (state.EPOCH_ROWS)")
+    NE: tl.constexpr = (DV + EP_ROWS - 1) // EP_ROWS
+    EW: tl.constexpr = BLOCK_V // EP_ROWS
+    GROUP: tl.constexpr = HV // HK
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    kh = h // (HV // HK)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < DV
+    cols = tl.arange(0, BLOCK_K)
+    cmask = cols < DK
+    o_ptrs = o_ptr + b * sob + h * soh + rows
+    slot = tl.load(idx_ptr + b)
+    if slot < 0:
+        tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
+    else:
+        slot64 = slot.to(tl.int64)
+        row_off = (slot64 * HV + h) * DV + rows
+        tile = row_off[:, None] * DK + cols[None, :]
+        mask2 = rmask[:, None] & cmask[None, :]
+        S0 = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8, LOAD_EV)
+        word = tl.load(cur_ptr + slot64)
+        ep_at = ep_ptr + (slot64 * HV + h) * NE + pid_v * EW
+        ep = tl.load(ep_at).to(tl.int32)
+        kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
+                                              cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
+        e = (word >> _EP_SHIFT) & 127
+        nw = word & _CUR_MASK
+        e_next = ep % 127 + 1
+        late = e == e_next                        # a sibling's store of this launch
+        fast = late | ((e != 0) & (e == ep) & (nw < RK))
+        n = tl.where(late, (nw + RK - 1) % RK, tl.minimum(nw, RK - 1))
+        # the steady step, whatever the path (its loads issue first: see the eager route)
+        S = _fold_few(S0, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+                      HV, HK, DK, DV, L, DUAL, EPS, RK - 1)
+        u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
+        S = alpha * S + u[:, None] * kn[None, :]
+        o = tl.sum(S * qn[None, :], 1)
+        ep_new = e_next
+        if fast:
+            _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+                          ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
+                          skb, skh, sgb, sgh, HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, RK, STORE_EV)
+            if (pid_v == 0) & (h == 0):
+                nxt_word = (e_next << _EP_SHIFT) | tl.where(n + 1 >= RK, 0, n + 1)
+                if DUAL:
+                    nxt_word = nxt_word | _LO_STALE
+                tl.store(cur_ptr + slot64, nxt_word)
+        else:
+            # the rare path: the step again from the tile with every entry the word counts folded
+            # in; the cursor by ticket, the last program storing epoch 1
+            S = _fold(S0, slot64, h, kh, nw, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+                      HV, HK, DK, DV, L, DUAL, EPS)
+            u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
+            S = alpha * S + u[:, None] * kn[None, :]
+            o = tl.sum(S * qn[None, :], 1)
+            _route_finish(S, u, o, nw, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+                          ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
+                          skb, skh, sgb, sgh, HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, RK, STORE_EV)
+            ep_new = 1
+            old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
+            if (old >> 16) == nprog - 1:
+                first = (_EP_ONE_STALE if DUAL else _EP_ONE) + tl.where(nw + 1 >= RK, 0, nw + 1)
+                tl.atomic_xchg(cur_ptr + slot64, first, sem="relaxed")
+        ew = tl.arange(0, EW)
+        tl.store(ep_at + ew, tl.full([EW], 0, tl.int8) + ep_new.to(tl.int8),
+                 mask=pid_v * BLOCK_V + ew * EP_ROWS < DV)
+
+
+@triton.jit
+def _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+                  ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
+                  skb, skh, sgb, sgh, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  L: tl.constexpr, HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, RK: tl.constexpr,
+                  STORE_EV: tl.constexpr):
+    """The deferred route's writes of a step taken at count n: n + 1 >= RK: the tile S to the
+    high copy; else entry n of the buffer (u rows; dual: v rows; program 0 of the head: g (dual:
+    beta); of the key head's first value head: k). Then o [BLOCK_V]."""
+    if n + 1 >= RK:
+        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP, STORE_EV)
+    else:
+        ent = slot64 * L + n
+        tl.store(ub_ptr + (ent * HV + h) * DV + rows, u, mask=rmask)
+        if DUAL:
+            tl.store(vb_ptr + (ent * HV + h) * DV + rows, cast(vv, vb_ptr.dtype.element_ty, INTERP), mask=rmask)
+        if tl.program_id(0) == 0:
+            tl.store(gb_ptr + ent * HV + h, tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32))
+            if DUAL:
+                tl.store(bb_ptr + ent * HV + h, bt)
+            if h % (HV // HK) == 0:
+                k_raw = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0)
+                tl.store(kb_ptr + (ent * HK + kh) * DK + cols, cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
+                                                                    INTERP), mask=cmask)
+    tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
+
+
+@triton.jit
+def _fold_few(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+              HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+              DUAL: tl.constexpr, EPS: tl.constexpr, NMAX: tl.constexpr):
+    """_fold of entries 0..n-1, n <= NMAX, unrolled and without branches: an entry i >= n is
+    loaded masked (decay 1, u 0), so it leaves S as it is."""
+    for i in tl.static_range(NMAX):
+        ok = i < n
+        e = slot64 * L + i
+        ai = tl.exp(tl.load(gb_ptr + e * HV + h, mask=ok, other=0.0).to(tl.float32))
+        ki = tl.load(kb_ptr + (e * HK + kh) * DK + cols, mask=cmask & ok, other=0.0).to(tl.float32)
+        ki = ki * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)
+        if DUAL:
+            vi = tl.load(vb_ptr + (e * HV + h) * DV + rows, mask=rmask & ok, other=0.0).to(tl.float32)
+            bi = tl.load(bb_ptr + e * HV + h, mask=ok, other=0.0).to(tl.float32)
+            ui = bi * (vi - ai * tl.sum(S * ki[None, :], 1))
+        else:
+            ui = tl.load(ub_ptr + (e * HV + h) * DV + rows, mask=rmask & ok, other=0.0).to(tl.float32)
+        S = ai * S + ui[:, None] * ki[None, :]
+    return S
 
 
 # ----------------------------------------------------------------------------- replay
@@ -2241,13 +2391,29 @@ def _fold_precision(rs: GDNReplayState, fc: dict) -> str:
 
 def takes_eager_route(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
                       config: dict | None = None, dual: bool = False, heads: int | None = None) -> bool:
-    """True when a replay step of this shape runs the eager route (a CONFIGS "replay" row or
-    `config` with EAGER_ROUTE), i.e. flushes at every step. For traffic models: such a step
-    moves eager's bytes (flush period 1; a dual state's: the high copy's alone). read_bytes:
-    bytes per element of the copy the step reads (the low copy in dual mode); heads: value
-    heads (needed for dual states, DUAL_ROUTE_HEADS)."""
+    """True when a replay step of this shape runs the small-batch route (a CONFIGS "replay" row
+    or `config` with EAGER_ROUTE): the high copy alone, read every step and written every
+    ROUTE_K-th (route_period). read_bytes: bytes per element of the copy the buffered route
+    reads (the low copy in dual mode); heads: value heads (needed for dual states,
+    DUAL_ROUTE_HEADS)."""
     cfg = pick_config("replay", batch, dv, dk, buffer_len, config, state_bytes=read_bytes, dual=dual, heads=heads)
     return bool(cfg.get("EAGER_ROUTE"))
+
+
+def route_period(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int, flush_period: int,
+                 config: dict | None = None, dual: bool = False, heads: int | None = None) -> int:
+    """The small-batch route's period k at this shape (0: the step buffers, not routed): its
+    row's ROUTE_K (default 1: a flush at every step), at most the flush period. For traffic
+    models and byte counts (reference.gdn_replay_step's `route`)."""
+    cfg = pick_config("replay", batch, dv, dk, buffer_len, config, state_bytes=read_bytes, dual=dual, heads=heads)
+    return _route_k(cfg, flush_period) if cfg.get("EAGER_ROUTE") else 0
+
+
+def _route_k(cfg: dict, flush_period: int) -> int:
+    k = cfg.get("ROUTE_K", 1)
+    if not isinstance(k, int) or not 1 <= k <= 127:
+        raise ValueError(f"config ROUTE_K={k!r}: allowed an int 1..127")
+    return min(k, flush_period)
 
 
 def state_takes_eager_route(rs: GDNReplayState, k, v, config=None) -> bool:
@@ -2256,23 +2422,38 @@ def state_takes_eager_route(rs: GDNReplayState, k, v, config=None) -> bool:
                              config, rs.mode == "dual", v.shape[1])
 
 
+def state_route_period(rs: GDNReplayState, k, v, config=None) -> int:
+    """route_period for a step of `rs` with inputs k [b, Hk, dk], v [b, Hv, dv]."""
+    return route_period(v.shape[0], v.shape[2], k.shape[2], rs.capacity, rs.read_ckpt.data.element_size(),
+                        rs.flush_period, config, rs.mode == "dual", v.shape[1])
+
+
 def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, cfg: dict):
-    """Plan of the eager route: one [BLOCK_V, dk] tile of the high checkpoint per program,
-    grid (cdiv(dv, BLOCK_V), Hv, batch)."""
+    """Plan of the small-batch route: one [BLOCK_V, dk] tile of the high checkpoint per program,
+    grid (cdiv(dv, BLOCK_V), Hv, batch). ROUTE_K 1 (default): _gdn_replay_eager_kernel, a flush
+    at every step; k >= 2 (at most the flush period): _gdn_route_defer_kernel, the state written
+    every k-th step."""
     batch, Hv, dv = v.shape
     Hk, dk = k.shape[1], k.shape[2]
+    rk = _route_k(cfg, rs.flush_period)
     grid = (triton.cdiv(dv, cfg["BLOCK_V"]), Hv, batch)
     _check_rs(rs, grid[0] * Hv)
     ck, ck_meta = _hi_lo_args(rs)
     buf, dual = _buffer_args(rs)
     rs.routed = rs.routed or dual     # its low copies may go stale: verify refreshes them first
-    args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), ck[0], rs.cursor,
-            *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv, ck[1], *buf]
-    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual,
-                        PENDING_CALL=bool(cfg.get("PENDING_CALL", False)), HI_FP8=ck_meta["HI_FP8"])
+    rs.deferred = rs.deferred or rk > 1     # its cursor words carry epochs: verify clears them first
+    idx = _rows_index(state_indices, batch, v.device)
+    head = [q, k, v, g, beta, o, idx, ck[0], rs.cursor] + ([rs.route_epoch] if rk > 1 else [])
+    args = [*head, *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv, ck[1], *buf]
+    meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual, HI_FP8=ck_meta["HI_FP8"])
     _launch_options(meta, cfg)
     _evict_options(meta, cfg)
-    return _gdn_replay_eager_kernel, grid, args, meta
+    if rk > 1:
+        if cfg["BLOCK_V"] % EPOCH_ROWS:
+            raise ValueError(f"config BLOCK_V={cfg['BLOCK_V']} with ROUTE_K={rk}: allowed multiples of "
+                             f"{EPOCH_ROWS} (state.EPOCH_ROWS)")
+        return _gdn_route_defer_kernel, grid, args, dict(meta, RK=rk, EP_ROWS=EPOCH_ROWS)
+    return _gdn_replay_eager_kernel, grid, args, dict(meta, PENDING_CALL=bool(cfg.get("PENDING_CALL", False)))
 
 
 def plan_fold(rs: GDNReplayState, idx, add, threshold: int, config=None):
@@ -2529,6 +2710,8 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
         if rs.mode == "dual" and rs.routed:     # low copies the eager route left stale
             for plan in plan_refresh_lo(rs, state_indices, v.shape[0]):
                 _launch(plan)
+        elif rs.deferred:     # the deferred route's epoch bits: the verify reads plain counts
+            _launch(_plan_clear_bits(rs, _rows_index(state_indices, v.shape[0], rs.cursor.device), v.shape[0]))
         _launch(plan_verify(rs, q, k, v, g, beta, state_indices, _scale(scale, k.shape[-1]), o, config))
     return o
 
@@ -2543,8 +2726,14 @@ def plan_refresh_lo(rs: GDNReplayState, state_indices, batch: int):
     meta = dict(HV=Hv, DV=dv, DK=dk, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(dk), INTERP=interpreting(),
                 num_warps=1, **ck_meta)
     return [(_gdn_refresh_lo_kernel, (triton.cdiv(dv, block_v), Hv, batch), [idx, rs.cursor, *ck], meta),
-            (clear_lo_stale_kernel, (1,), [idx, rs.cursor, batch],
-             dict(HAS_IDX=True, BLOCK_B=triton.next_power_of_2(batch), num_warps=4))]
+            _plan_clear_bits(rs, idx, batch)]
+
+
+def _plan_clear_bits(rs: GDNReplayState, idx, batch: int):
+    """Plan of common.clear_lo_stale_kernel over `batch` rows: their cursor words reduced to the
+    count (the LO_STALE bit and the deferred route's epoch cleared)."""
+    return (clear_lo_stale_kernel, (1,), [idx, rs.cursor, batch],
+            dict(HAS_IDX=True, BLOCK_B=triton.next_power_of_2(batch), num_warps=4))
 
 
 # ----------------------------------------------------------------------------- offline compile

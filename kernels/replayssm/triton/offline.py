@@ -7,7 +7,7 @@ from triton.runtime.jit import mangle_type
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 TL_TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16",
-            torch.float8_e4m3fn: "fp8e4nv", torch.int32: "i32", torch.int64: "i64"}
+            torch.float8_e4m3fn: "fp8e4nv", torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
 
 
 def signature(arg_names, args, meta: dict) -> tuple[dict, dict, dict]:

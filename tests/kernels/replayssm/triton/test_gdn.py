@@ -26,7 +26,7 @@ import torch
 from replayssm import gdn as GD
 from replayssm import inputs as I
 from replayssm import reference as R
-from replayssm.state import ByteCounter, GDNReplayState
+from replayssm.state import CURSOR_MASK, EPOCH_SHIFT, LO_STALE, ByteCounter, GDNReplayState
 
 from kernel_checks import CUDA, DEV, TOL_BF16_OUT, TOL_F32, gen, out_tol, poisoned, rel_err
 
@@ -795,6 +795,120 @@ def test_eager_route_counts_bytes_like_a_flush_every_step():
     assert rs.counter == rr.counter
 
 
+ROUTE_MODES = [("replay", None, "float32"), ("dual", "bfloat16", "float32"), ("dual", "float8_e4m3", "float32"),
+               ("replay", None, "bfloat16"), ("shared-low", "float8_e4m3", "float32")]
+ROUTE_IDS = ["f32", "dual-bf16", "dual-fp8", "bf16-state", "shared-fp8"]
+
+
+def _epoch(c: torch.Tensor) -> torch.Tensor:
+    return (c >> EPOCH_SHIFT) & 127
+
+
+@pytest.mark.parametrize("mode,lo,sd,rk", [(*m, 2) for m in ROUTE_MODES] + [(*ROUTE_MODES[i], 3) for i in (0, 1)],
+                         ids=[f"{i}-2" for i in ROUTE_IDS] + [f"{ROUTE_IDS[i]}-3" for i in (0, 1)])
+def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk):
+    # the small-batch route of period k (ROUTE_K >= 2): the state written every k-th step, the
+    # cursor moved by one program with a plain store and an epoch (state.py). Mixed with the
+    # every-step route, buffered steps, a verify and commit, padded rows and slots left out of a
+    # step; outputs, checkpoints, cursor counts and stale bits, buffer entries below the cursor and
+    # byte counts as the reference's route semantics (route=k). Under the interpreter a
+    # sequence's programs run one after another, so most read the word the first one stored
+    # (the epoch's "late" case); on a GPU most read the word from before the launch.
+    g = gen(17 + rk)
+    K = 4
+    rs, rr = make_pair(TALL, 5, 8, K, mode, sd, lo, torch.bfloat16, g)
+    rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    plan = ["defer"] * 5 + ["buffered", "defer", "defer", "eager", "defer", "defer", "defer", "spec", "defer",
+                            "defer", "buffered", "buffered", "defer", "defer", "defer"]
+    word = lambda c: c & (CURSOR_MASK | LO_STALE)   # noqa: E731   (the route's epoch is the kernel's own)
+    fast = 0
+    for step, how in enumerate(plan):
+        idx = random_rows(5, 4, g, pad_p=0.2)
+        live = idx[idx >= 0].long()
+        before = rs.cursor.clone()
+        if how == "spec":
+            x = step_inputs(TALL, 4, torch.bfloat16, g, T=2)
+            o = GD.verify(rs, **x, state_indices=idx, out=poisoned(x["v"]))
+            o_ref = R.gdn_verify(rr, **x, state_indices=idx)
+            assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step} verify: {rel_err(o, o_ref):.3g}"
+            acc = torch.randint(0, 3, (4,), generator=g).to(torch.int32).to(DEV)
+            GD.commit(rs, acc, idx)
+            R.gdn_commit(rr, acc, idx)
+        else:
+            x = step_inputs(TALL, 4, torch.bfloat16, g)
+            route = {"defer": rk, "eager": 1, "buffered": 0}[how]
+            cfg = {"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": route > 0, "ROUTE_K": max(route, 1)}
+            o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]), config=cfg)
+            o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=route)
+            assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step}: {rel_err(o, o_ref):.3g}"
+            assert (o[idx < 0] == 0).all()
+        assert torch.equal(word(rs.cursor), word(rr.cursor)), f"{mode} step {step}: cursors"
+        out = torch.ones(5, dtype=torch.bool, device=DEV)
+        out[live] = False
+        assert torch.equal(rs.cursor[out], before[out]), f"{mode} step {step}: a slot outside the batch moved"
+        if how == "defer":   # every live slot's epoch: the next one where the word was the route's, else 1
+            e0, n0 = _epoch(before[live]), before[live] & CURSOR_MASK
+            coherent = (e0 != 0) & (n0 < rk)
+            want = torch.where(coherent, e0 % 127 + 1, torch.ones_like(e0))
+            assert torch.equal(_epoch(rs.cursor[live]), want), f"{mode} step {step}: epochs"
+            assert (rs.route_epoch[live].long() == want[:, None, None]).all(), f"{mode} step {step}: route_epoch"
+            fast += int(coherent.sum())
+        else:   # another op stores epoch 0, or leaves the word as it was (the every-step route at count 0)
+            kept = (_epoch(rs.cursor) == 0) | (rs.cursor == before)
+            assert kept[live].all(), f"{mode} step {step}: another op stored an epoch"
+        ckpt_check(rs.hi, rr.hi, f"{mode} step {step}: hi")
+        if rs.lo is not None:
+            ckpt_check(rs.lo, rr.lo, f"{mode} step {step}: lo")
+        n = rr.entries()
+        below = torch.arange(8, device=DEV)[None, :] < n[:, None]              # [slots, L]
+        for name in ("k", "g", "v", "beta"):
+            a, b = getattr(rs, name), getattr(rr, name)
+            if a is not None:
+                assert torch.equal(a[below], b[below]), f"{mode} step {step}: buffer {name}"
+        if below.any():
+            assert rel_err(rs.u[below], rr.u[below]) <= TOL_F32, f"{mode} step {step}: buffer u"
+        for name in ("u", "k", "g", "v", "beta"):     # rows past the cursor: the reference's
+            if getattr(rs, name) is not None:
+                getattr(rs, name).copy_(getattr(rr, name))
+        resync(rs, rr)
+        assert rs.counter == rr.counter, f"{mode} step {step}: bytes"
+    assert fast >= 10, f"only {fast} steps moved the cursor without a ticket"
+
+
+def test_deferred_route_epoch_wraps_and_stale_epochs_take_the_ticket():
+    # the epoch runs 1..127 and wraps to 1 (never 0, which marks another op's word); a slot whose
+    # recorded epochs are stale (a word stored elsewhere with an epoch bit pattern it never saw:
+    # a restore) must not be taken for a sibling's store unless it is exactly the next one
+    g = gen(23)
+    rs, rr = make_pair(TALL, 3, 6, 4, "replay", "float32", None, torch.bfloat16, g, cursor_hi=0)
+    cfg = {"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": True, "ROUTE_K": 2}
+    rs.cursor.copy_(torch.tensor([127 << EPOCH_SHIFT, 5 << EPOCH_SHIFT, 0], dtype=torch.int32))
+    rs.route_epoch[0] = 127        # coherent at 127: the next store wraps to 1
+    rs.route_epoch[1] = 9          # stale (saw 9, the word says 5): the ticket, epoch 1
+    idx = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+    for step in range(3):
+        x = step_inputs(TALL, 3, torch.bfloat16, g)
+        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]), config=cfg)
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=2)
+        assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"step {step}"
+        assert torch.equal(rs.cursor & CURSOR_MASK, rr.cursor & CURSOR_MASK), f"step {step}: counts"
+        ckpt_check(rs.hi, rr.hi, f"step {step}: hi")
+        if step == 0:
+            assert _epoch(rs.cursor).tolist() == [1, 1, 1]
+    assert _epoch(rs.cursor).tolist() == [3, 3, 3]
+    assert (rs.route_epoch == 3).all()
+
+
+def test_deferred_route_config_errors():
+    g = gen(5)
+    rs, _ = make_pair(TALL, 2, 6, 4, "replay", "float32", None, torch.bfloat16, g)
+    x = step_inputs(TALL, 2, torch.bfloat16, g)
+    with pytest.raises(ValueError, match="ROUTE_K"):
+        GD.replay_step(rs, **x, config={"EAGER_ROUTE": True, "ROUTE_K": 0})
+    with pytest.raises(ValueError, match="BLOCK_V=2 with ROUTE_K"):
+        GD.replay_step(rs, **x, config={"EAGER_ROUTE": True, "ROUTE_K": 2, "BLOCK_V": 2})
+
+
 @pytest.mark.parametrize("lo", ["bfloat16", "float8_e4m3"])
 def test_dual_route_low_copy_refreshed_where_needed(lo):
     # LO_STALE end to end: after eager-route steps (high copy only), a verify refreshes the low
@@ -1032,6 +1146,10 @@ for b in (1, 256):
             res[f"replay eager-route {mode} b1"] = G.plan_replay(rs(mode, lo), **i, state_indices=None, scale=.1,
                                                                  o=i["v"], config={"EAGER_ROUTE": True, "BLOCK_V": 8,
                                                                                    "num_warps": 1})[0]
+            for rk, bv in ((2, 4), (4, 8)):   # the deferred route (ROUTE_K)
+                res[f"replay deferred-route k{rk} {mode} b1"] = G.plan_replay(
+                    rs(mode, lo), **i, state_indices=None, scale=.1, o=i["v"],
+                    config={"EAGER_ROUTE": True, "ROUTE_K": rk, "BLOCK_V": bv, "num_warps": 1})[0]
     if b > 1:   # the flush step's rank-1 fold (FOLD_MMA is the default; one chunk per program: at the
         # table's two it spills); the opt-in two-pass dual flush
         res["replay rank-1 flush step b256"] = G.plan_replay(rs("replay"), **i, state_indices=None, scale=.1,
