@@ -145,7 +145,13 @@ def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     b += 1
     assert T.step_traffic(case("replay-dual", b, lo="bfloat16"), model).total_bytes == pytest.approx(
         T.replay_traffic(dual, b, 16).total_bytes)
-    assert T.step_traffic(case("replay", 8), model).total_bytes == pytest.approx(T.replay_traffic(lb, 8, 1).total_bytes)
+    # batch 5-16: the deferred route (the table's ROUTE_K 2): the high copy read every step,
+    # written every other, one entry buffered in between
+    deferred = T.step_traffic(case("replay", 8), model)
+    assert deferred.total_bytes == pytest.approx(T.replay_traffic(lb, 8, 16, routed=2).total_bytes)
+    assert deferred.parts["state_read"] == pytest.approx(8 * lb.state_hi)
+    assert deferred.parts["state_write"] == pytest.approx(8 * lb.state_hi / 2)
+    assert deferred.parts["buffer_write"] == pytest.approx(8 * lb.row / 2)
     assert T.step_traffic(case("replay", 32), model).total_bytes == pytest.approx(
         T.replay_traffic(lb, 32, 16).total_bytes)
     monkeypatch.setattr(G, "SMALL_BATCH_ROUTE", False)       # routing off: every step buffers

@@ -155,7 +155,16 @@ CONFIGS: dict[str, list[tuple]] = {
     # b32 61.2 / 31.5 vs 53.6 / 30.2, b64 104.1 / 62.2 vs 96.1 / 54.5, b128 189.2 / 104.4 vs 176.7 /
     # 96.5, b256 363.7 / 189.6 vs 352.3 / 177.8, b512 709.9 / 369.5 vs 687.5 / 358.7. 32-row chunks
     # through TMA (72 registers): b256 350.2 / 181.6, b32 61.4 / 31.1
-    "replay":   [(16, 4, 1, {"EAGER_ROUTE": True, "maxnreg": 56}),
+    # Session 30: batch 5-16 take the deferred route (ROUTE_K 2: the state written every other
+    # step, _gdn_route_defer_kernel), 4 rows x 1 warp without the budget (80 registers; under 56
+    # it ran 20 % slower). In the sweep's layout (probe_layers_s30b.txt, one call; us, eager /
+    # every-step route / deferred k 2): Qwen3.5-4B b8 10.18 / 10.16 / 9.99, b16 18.18 / 18.22 /
+    # 16.99; Qwen3.5-122B b8 18.18 / 18.21 / 16.97, b16 34.15 / 34.26 / 30.93. At batch 1-4 it
+    # lost (b1 3.29-3.39 vs 3.04 at Qwen3.5-4B, 4.20-4.33 vs 3.93 at Qwen3.5-122B; b4 6.40 vs 6.10
+    # and 9.99 vs 10.18), k 3 and 4 lost to k 2 everywhere, and dual states lost with it (their
+    # fold recomputes u: Qwen3.5-122B b8 20.88 vs 18.26): they keep the every-step row.
+    "replay":   [(4, 4, 1, {"EAGER_ROUTE": True, "maxnreg": 56}),
+                 (16, 4, 1, {"EAGER_ROUTE": True, "ROUTE_K": 2}),
                  (4, 8, 1, {"PREFETCH": True}),         # batch <= 4 when SMALL_BATCH_ROUTE is off
                  (None, 64, 4, {"NR": 2, "HP": 2, "PF": 0, "SPLIT": True, "TMA": True})],
     # 16-bit read copies (bf16 state; dual states route on the fp32 row above): the eager route,

@@ -591,9 +591,15 @@ def test_eager_route_plan(monkeypatch):
             for b, sb in ((4, 2), (8, 2), (32, 2), (8, 4))] == [False, True, True, False]
     assert TK.takes_eager_route(32, 128, 128, 16, 2)               # bf16 state up to batch 32 (session 17)
     assert not TK.takes_eager_route(33, 128, 128, 16, 2)
-    # the route's tiles: fp32 4 rows x 1 warp under a 56-register budget; 16-bit 4 rows up to batch 4, then 8
-    assert {k: TK.pick_config("replay", 8, 128, 128, 16)[k] for k in ("BLOCK_V", "num_warps", "maxnreg")} == \
-        {"BLOCK_V": 4, "num_warps": 1, "maxnreg": 56}
+    # the route's tiles: fp32 4 rows x 1 warp, under a 56-register budget to batch 4, then without
+    # it on the deferred route (ROUTE_K 2: the state written every other step, session 30) to
+    # batch 16; 16-bit 4 rows up to batch 4, then 8; dual states keep the every-step route
+    keys = ("BLOCK_V", "num_warps", "maxnreg", "ROUTE_K")
+    assert [tuple(TK.pick_config("replay", b, 128, 128, 16).get(k) for k in keys) for b in (1, 4, 5, 16)] == \
+        [(4, 1, 56, None)] * 2 + [(4, 1, None, 2)] * 2
+    assert [TK.route_period(b, 128, 128, 16, 4, 16) for b in (1, 4, 5, 16, 17)] == [1, 1, 2, 2, 0]
+    assert TK.route_period(8, 128, 128, 16, 4, 1) == 1          # at most the flush period
+    assert [TK.route_period(b, 128, 128, 16, 2, 16, dual=True, heads=32) for b in (1, 8, 16, 17)] == [1, 1, 1, 0]
     assert [TK.pick_config("replay", b, 128, 128, 16, state_bytes=2)["BLOCK_V"] for b in (1, 4, 5, 32)] == [4, 4, 8, 8]
     # dual 16-bit reads, buffered (their own rows, replay_dual:2): the session-6 row up to batch 8,
     # chunks through TMA above, read by the tensor cores (RD_MMA, session 26): 64 rows x 2 with 2
@@ -731,23 +737,30 @@ def test_commit_route_plan():
 
 @pytest.mark.shipped_routes
 @pytest.mark.parametrize("batch", [1, 5])
-def test_small_batches_flush_every_step_by_default(batch):
-    # the shipped table at small batch: outputs, checkpoints, cursors and bytes as the
-    # reference's route semantics (a flush at every step; entries pending from the buffered
-    # route at the start are folded first)
+def test_small_batches_take_the_tables_route_by_default(batch):
+    # the shipped table at small batch: outputs, checkpoints, cursor counts and bytes as the
+    # reference's route semantics with the table's period (batch 1: a flush at every step; batch 5:
+    # every other step, the deferred route; entries pending from the buffered route at the start
+    # are folded first)
+    from replayssm.triton import gdn as TK
     g = gen(11 + batch)
     K = 4
     rs, rr = make_pair(TALL, batch + 1, 6, K, "replay", "float32", None, torch.bfloat16, g)
     rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    x = step_inputs(TALL, batch, torch.bfloat16, g)
+    period = TK.state_route_period(rs, x["k"], x["v"])
+    assert period == (1 if batch == 1 else 2)
     for step in range(6):
         idx = random_rows(batch + 1, batch, g, pad_p=0.2)
         x = step_inputs(TALL, batch, torch.bfloat16, g)
         o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]))
-        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=True)
+        o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=period)
         assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"step {step}: {rel_err(o, o_ref):.3g}"
-        assert torch.equal(rs.cursor, rr.cursor), f"step {step}: cursors"
+        assert torch.equal(rs.cursor & CURSOR_MASK, rr.cursor), f"step {step}: cursors"
         ckpt_check(rs.hi, rr.hi, f"step {step}: hi")
-        assert (rs.cursor[idx[idx >= 0].long()] == 0).all()
+        assert (rs.entries(idx[idx >= 0].long()) < period).all()
+        for name in ("u", "k", "g"):     # rows past the cursor: the reference's
+            getattr(rs, name).copy_(getattr(rr, name))
         resync(rs, rr)
     assert rs.counter == rr.counter
 
