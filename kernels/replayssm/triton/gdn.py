@@ -636,15 +636,8 @@ def _gdn_replay_eager_kernel(
     PENDING_CALL: the rare path is a call (_route_pending), which holds fewer registers.
     Nothing is appended and, at n = 0, no atomic happens: the state stays consistent for steps
     of either route. LOAD_EV / STORE_EV: as the eager kernel's, for the high copy's tile."""
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    kh = h // (HV // HK)
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    rmask = rows < DV
-    cols = tl.arange(0, BLOCK_K)
-    cmask = cols < DK
-    o_ptrs = o_ptr + b * sob + h * soh + rows
+    pid_v, h, b, kh, rows, rmask, cols, cmask, o_ptrs = _route_coords(o_ptr, sob, soh, HV, HK, DK, DV, BLOCK_V,
+                                                                       BLOCK_K)
     slot = tl.load(idx_ptr + b)
     if slot < 0:
         tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
@@ -685,6 +678,20 @@ def _gdn_replay_eager_kernel(
             if DUAL:
                 if word == 0:
                     tl.store(cur_ptr + slot64, _LO_STALE)
+
+
+@triton.jit
+def _route_coords(o_ptr, sob, soh, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A small-batch route program's place, grid (cdiv(dv, BLOCK_V), Hv, batch): (pid_v, value
+    head h, batch row b, key head kh, rows [BLOCK_V] and their mask, cols [BLOCK_K] and their
+    mask, the output row pointers)."""
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = tl.arange(0, BLOCK_K)
+    return pid_v, h, b, h // (HV // HK), rows, rows < DV, cols, cols < DK, o_ptr + b * sob + h * soh + rows
 
 
 @triton.jit(noinline=True)
@@ -760,16 +767,8 @@ def _gdn_route_defer_kernel(
     tl.static_assert(BLOCK_V % EP_ROWS == 0, "BLOCK_V: a multiple of EP_ROWS (state.EPOCH_ROWS)")
     NE: tl.constexpr = (DV + EP_ROWS - 1) // EP_ROWS
     EW: tl.constexpr = BLOCK_V // EP_ROWS
-    GROUP: tl.constexpr = HV // HK
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    kh = h // (HV // HK)
-    rows = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    rmask = rows < DV
-    cols = tl.arange(0, BLOCK_K)
-    cmask = cols < DK
-    o_ptrs = o_ptr + b * sob + h * soh + rows
+    pid_v, h, b, kh, rows, rmask, cols, cmask, o_ptrs = _route_coords(o_ptr, sob, soh, HV, HK, DK, DV, BLOCK_V,
+                                                                       BLOCK_K)
     slot = tl.load(idx_ptr + b)
     if slot < 0:
         tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
