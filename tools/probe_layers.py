@@ -318,28 +318,27 @@ def probes():
                         time_eager_launches(m, b, s, n, st, config=c)))
         out.append(("tiles", f"{model} b{b} {sd} nl{nl} steps{steps} vllm-eager", lambda m=model, b=b, s=sd, n=nl,
                     st=steps: time_layers(m, "vllm-eager", "vllm", b, s, n, st)))
-    # session 30: the deferred small-batch route (ROUTE_K 2: the state written every other step,
-    # the cursor moved without a ticket) against our eager kernel and the every-step route, in the
+    # session 30: the deferred small-batch route (ROUTE_K: the state written every k-th step, the
+    # cursor moved without a ticket) against our eager kernel and the every-step route, in the
     # sweep's layout (>= 1 GiB of layers, 16 steps a sample); eager also at 1 step a sample (the
-    # layout the sweep used for eager until this session). probe_layers_s30a.txt / _s30b.txt
-    # timed earlier forms (k 2-4; the pending entries loaded under the cursor's mask, then folded
-    # into the tile ahead of the step); this list is the third call's (entry 0 through scalars)
+    # layout the sweep used for eager until this session). First call (probe_layers_s30a.txt):
+    # the entries' loads masked by the cursor, and a 56-register budget: slower everywhere
+    # but b8-b32 at 4 x 1 without the budget; the list below is the second call's
     for model in ("qwen3.5-4b", q122):
         out.append(("defer", f"{model} b1 f32 eager steps1", lambda m=model: time_route(m, "eager", 1, steps=1)))
-        for b in (1, 2, 4, 8, 16, 32):
+        for b in (1, 2, 4, 8, 16, 32, 64):
             tag = f"{model} b{b} f32"
             out.append(("defer", f"{tag} eager", lambda m=model, b=b: time_route(m, "eager", b)))
             out.append(("defer", f"{tag} replay table", lambda m=model, b=b: time_route(m, "replay", b)))
-            for cfg in ({"BLOCK_V": 4, "num_warps": 1}, {"BLOCK_V": 8, "num_warps": 1},
-                        {"BLOCK_V": 4, "num_warps": 1, "maxnreg": 64}):
-                lbl = f"{tag} replay route k2 {cfg['BLOCK_V']}x{cfg['num_warps']}" + (
-                    f" maxnreg{cfg['maxnreg']}" if "maxnreg" in cfg else "")
-                out.append(("defer", lbl, lambda m=model, b=b, c=cfg: time_route(m, "replay", b, 2, c)))
-        for b in (1, 4, 8):
+            for k, bv in ((2, 4), (2, 8), (3, 4), (4, 4), (4, 8)):
+                out.append(("defer", f"{tag} replay route k{k} {bv}x1", lambda m=model, b=b, k=k, bv=bv: time_route(
+                    m, "replay", b, k, {"BLOCK_V": bv, "num_warps": 1})))
+        for b in (1, 4, 8, 16):
             tag = f"{model} b{b} f32+bf16"
             out.append(("defer", f"{tag} replay-dual table", lambda m=model, b=b: time_route(m, "replay-dual", b)))
-            out.append(("defer", f"{tag} replay-dual route k2 4x1", lambda m=model, b=b:
-                        time_route(m, "replay-dual", b, 2, {"BLOCK_V": 4, "num_warps": 1})))
+            for k in (2, 4):
+                out.append(("defer", f"{tag} replay-dual route k{k} 4x1", lambda m=model, b=b, k=k:
+                            time_route(m, "replay-dual", b, k, {"BLOCK_V": 4, "num_warps": 1})))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))

@@ -748,25 +748,22 @@ def _gdn_route_defer_kernel(
     HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, RK: tl.constexpr,
     EP_ROWS: tl.constexpr, LOAD_EV: tl.constexpr = _EVICT_FIRST, STORE_EV: tl.constexpr = _EVICT_FIRST,
 ):
-    """The small-batch route with period RK = 2 (ROUTE_K): the state is written at every other
-    step. One [BLOCK_V, dk] tile S of the HIGH checkpoint per program, as the eager route. At
-    cursor n = 1 the pending entry 0 (a0, u0 stored; dual: u0 = b0 (v0 - a0 S k0), recomputed
-    against the tile) enters the step's dot products as S_1 x = a0 (S x) + u0 (k0 . x); then
-    this step: u = beta (v - alpha S_n k), o = S_{n+1} q; n = 1: S_2 = alpha S_1 + u k^T
-    written, cursor 0; n = 0: the entry appended at 0 (u, k, g; dual: v, beta), cursor 1. So the
-    route moves the state's read and half its write a step, against eager's read and write.
+    """The small-batch route with period RK >= 2 (ROUTE_K): the state is written at every
+    RK-th step only. One [BLOCK_V, dk] tile of the HIGH checkpoint per program, as the eager
+    route; at cursor n < RK the tile gets entries 0..n-1 folded in (stored u; dual: u
+    recomputed against it), then this step: o = S' q; n + 1 = RK: S' written, cursor 0; else
+    the entry appended at n (u, k, g; dual: v, beta), cursor n + 1. So the route moves the
+    state's read and 1/RK of its write a step, against eager's read and write.
 
     The cursor moves without a ticket (state.py, "the route's epoch"): program (0, 0) of the
     sequence stores (e' << 8) | n' (dual: | LO_STALE), e' = ep % 127 + 1, where ep is the epoch
     the program's rows last saw (route_epoch, ep_ptr: one byte per 4 rows); every program
     stores e' there. A program reading epoch ep sees the word from before the launch; epoch
-    e' is a sibling's store, whose count n' came from n by n -> (n + 1) mod 2. Any other word
-    (epoch 0: another op moved the cursor; or n >= 2) takes the rare path: entries 0..n-1 folded
-    into the tile (_fold), this step, then the same writes by n; the cursor by ticket, the last
-    program storing epoch 1 and the new count.
+    e' is a sibling's store, whose count n' came from n by n -> (n + 1) mod RK. Any other word
+    (epoch 0: another op moved the cursor; or n >= RK) takes the rare path: entries 0..n-1
+    folded, this step, S' written, and a ticket each; the last program stores epoch 1, count 0.
     Every program has read the word before its own ticket, so all agree on the path and on n.
     The steady step is computed ahead of the branch on the path (see _gdn_replay_eager_kernel)."""
-    tl.static_assert(RK == 2, "RK: 2 (one pending entry at most)")
     tl.static_assert(BLOCK_V % EP_ROWS == 0, "BLOCK_V: a multiple of EP_ROWS (state.EPOCH_ROWS)")
     NE: tl.constexpr = (DV + EP_ROWS - 1) // EP_ROWS
     EW: tl.constexpr = BLOCK_V // EP_ROWS
@@ -792,30 +789,12 @@ def _gdn_route_defer_kernel(
         late = e == e_next                        # a sibling's store of this launch
         fast = late | ((e != 0) & (e == ep) & (nw < RK))
         n = tl.where(late, (nw + RK - 1) % RK, tl.minimum(nw, RK - 1))
-        # the steady step, whatever the path (its loads issue first: see the eager route). With
-        # RK 2 at most entry 0 is pending; its loads do not depend on the cursor, so they issue
-        # with the tile's (at batch 1, masked by the cursor, they cost a round trip: 3.5-3.9 us
-        # against eager's 3.0, probe_layers_s30a.txt). The step's dot products are taken on the
-        # tile as loaded and the entry enters through scalars, as on the buffered route:
-        # S_n x = a0 (S x) + u0 (k0 . x), so the entry's own latency (its key's norm) runs beside
-        # the tile's reductions instead of ahead of them (a rank-1 fold of the tile first ran
-        # 3.29-3.39 us at Qwen3.5-4B batch 1, probe_layers_s30b.txt)
-        on = n > 0
-        e0 = slot64 * L
-        a0 = tl.where(on, tl.exp(tl.where(on, tl.load(gb_ptr + e0 * HV + h).to(tl.float32), 0.0)), 1.0)
-        k0 = tl.where(on, tl.load(kb_ptr + (e0 * HK + kh) * DK + cols, mask=cmask, other=0.0).to(tl.float32), 0.0)
-        k0 = k0 * tl.rsqrt(tl.sum(k0 * k0, 0) + EPS)
-        sk = tl.sum(S0 * kn[None, :], 1)
-        sq = tl.sum(S0 * qn[None, :], 1)
-        if DUAL:    # u0 recomputed against the high tile, as a flush does
-            v0 = tl.load(vb_ptr + (e0 * HV + h) * DV + rows, mask=rmask, other=0.0).to(tl.float32)
-            b0 = tl.where(on, tl.load(bb_ptr + e0 * HV + h).to(tl.float32), 0.0)
-            u0 = b0 * (tl.where(on, v0, 0.0) - a0 * tl.sum(S0 * k0[None, :], 1))
-        else:
-            u0 = tl.where(on, tl.load(ub_ptr + (e0 * HV + h) * DV + rows, mask=rmask, other=0.0).to(tl.float32), 0.0)
-        u = bt * (vv - alpha * (a0 * sk + u0 * tl.sum(k0 * kn, 0)))
-        o = alpha * (a0 * sq + u0 * tl.sum(k0 * qn, 0)) + u * tl.sum(kn * qn, 0)
-        S = alpha * (a0 * S0 + u0[:, None] * k0[None, :]) + u[:, None] * kn[None, :]
+        # the steady step, whatever the path (its loads issue first: see the eager route)
+        S = _fold_few(S0, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+                      HV, HK, DK, DV, L, DUAL, EPS, RK - 1)
+        u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
+        S = alpha * S + u[:, None] * kn[None, :]
+        o = tl.sum(S * qn[None, :], 1)
         ep_new = e_next
         if fast:
             _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
@@ -872,6 +851,36 @@ def _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, r
                 tl.store(kb_ptr + (ent * HK + kh) * DK + cols, cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
                                                                     INTERP), mask=cmask)
     tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
+
+
+@triton.jit
+def _fold_few(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+              HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+              DUAL: tl.constexpr, EPS: tl.constexpr, NMAX: tl.constexpr):
+    """_fold of entries 0..n-1, n <= NMAX, unrolled and without branches. Every entry < NMAX is
+    loaded whatever n is (its addresses do not depend on the cursor, so the loads issue with the
+    tile's instead of a round trip after the cursor's: at batch 1, with the loads masked by
+    i < n, the route ran 3.5-3.9 us against eager's 3.0, probe_layers_s30a.txt); an entry i >= n
+    (whatever its rows hold) is then replaced by decay 1 and u 0, so it leaves S as it is."""
+    for i in tl.static_range(NMAX):
+        ok = i < n
+        e = slot64 * L + i
+        gi = tl.load(gb_ptr + e * HV + h).to(tl.float32)
+        ki = tl.load(kb_ptr + (e * HK + kh) * DK + cols, mask=cmask, other=0.0).to(tl.float32)
+        if DUAL:
+            vi = tl.load(vb_ptr + (e * HV + h) * DV + rows, mask=rmask, other=0.0).to(tl.float32)
+            bi = tl.load(bb_ptr + e * HV + h).to(tl.float32)
+        else:
+            ui = tl.load(ub_ptr + (e * HV + h) * DV + rows, mask=rmask, other=0.0).to(tl.float32)
+        ai = tl.where(ok, tl.exp(tl.where(ok, gi, 0.0)), 1.0)
+        ki = tl.where(ok, ki, 0.0)
+        ki = ki * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)
+        if DUAL:
+            ui = tl.where(ok, bi, 0.0) * (tl.where(ok, vi, 0.0) - ai * tl.sum(S * ki[None, :], 1))
+        else:
+            ui = tl.where(ok, ui, 0.0)
+        S = ai * S + ui[:, None] * ki[None, :]
+    return S
 
 
 # ----------------------------------------------------------------------------- replay
@@ -2418,8 +2427,8 @@ def route_period(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
 
 def _route_k(cfg: dict, flush_period: int) -> int:
     k = cfg.get("ROUTE_K", 1)
-    if k not in (1, 2) or isinstance(k, bool):
-        raise ValueError(f"config ROUTE_K={k!r}: allowed 1 (a flush at every step) or 2 (every other step)")
+    if not isinstance(k, int) or not 1 <= k <= 127:
+        raise ValueError(f"config ROUTE_K={k!r}: allowed an int 1..127")
     return min(k, flush_period)
 
 
