@@ -22,13 +22,14 @@ weights) is done once per program rather than once per tile (_gdn_replay_kernel)
 Cursor protocol ("ticket cursor"): ops that move the cursor in one launch (fused replay, fold)
 must let every program of a sequence see the OLD cursor while one of them writes the new one,
 with no host sync and a fixed grid (CUDA graphs). Each program takes the cursor with one
-relaxed atomic_add(cursor[slot], 1 << 16): the low 16 bits are the cursor word (bits 0-14 the
-count, bit 15 LO_STALE: a dual state's low copy is stale, see replayssm.state), the high bits
+relaxed atomic_add(cursor[slot], 1 << 16): the low 16 bits are the cursor word (bits 0-7 the
+count, 8-14 the deferred small-batch route's epoch, bit 15 LO_STALE: a dual state's low copy is
+stale, see replayssm.state), the high bits
 count the programs that have read it. The program that draws ticket nprog - 1 knows every other
 program of the sequence has already read the cursor (all reads are the atomics themselves,
 totally ordered on one address), so it stores the new cursor, clearing the ticket bits.
 Between launches the cursor is a plain int. Costs one L2 atomic per program, no extra launch;
-needs L < 32768 and nprog < 32768. The SPLIT replay route reads the cursor with a plain load
+needs L < 256 and nprog < 32768. The SPLIT replay route reads the cursor with a plain load
 and leaves the move to its second launch (_gdn_flush_step_kernel); verify reads it with a
 plain load (it never moves it; verify() has cleared any LO_STALE bit with the refresh launches).
 """
