@@ -339,6 +339,16 @@ def probes():
             for k in (2, 4):
                 out.append(("defer", f"{tag} replay-dual route k{k} 4x1", lambda m=model, b=b, k=k:
                             time_route(m, "replay-dual", b, k, {"BLOCK_V": 4, "num_warps": 1})))
+    # session 30, fourth call: the deferred route's tile at batch 1-4 (its per-program work, the
+    # epoch byte and the pending entry's loads and norm, falls with fewer, larger programs)
+    for model in ("qwen3.5-4b", q122):
+        for b in (1, 2, 4):
+            tag = f"{model} b{b} f32"
+            out.append(("defer_tiles", f"{tag} eager", lambda m=model, b=b: time_route(m, "eager", b)))
+            out.append(("defer_tiles", f"{tag} replay table", lambda m=model, b=b: time_route(m, "replay", b)))
+            for bv, nw in ((8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 4)):
+                out.append(("defer_tiles", f"{tag} replay route k2 {bv}x{nw}", lambda m=model, b=b, bv=bv, nw=nw:
+                            time_route(m, "replay", b, 2, {"BLOCK_V": bv, "num_warps": nw})))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -354,7 +364,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore, "
-                                               "defer)")
+                                               "defer, defer_tiles)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}
