@@ -349,6 +349,22 @@ def probes():
             for bv, nw in ((8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 4)):
                 out.append(("defer_tiles", f"{tag} replay route k2 {bv}x{nw}", lambda m=model, b=b, bv=bv, nw=nw:
                             time_route(m, "replay", b, 2, {"BLOCK_V": bv, "num_warps": nw})))
+    # session 30, fifth call: the every-step route's register budget at batch 1-4. Under the
+    # table's 56 registers ptxas issues two of the tile's four 16-byte loads after the inputs'
+    # round trip (the k / q norms' shuffles), without it (64) all four before (sm_90 SASS)
+    for model in ("qwen3.5-4b", q122):
+        for b in (1, 4):
+            tag = f"{model} b{b} f32"
+            out.append(("route_regs", f"{tag} eager", lambda m=model, b=b: time_route(m, "eager", b)))
+            for regs in (56, None, 64, 72):
+                cfg = {"BLOCK_V": 4, "num_warps": 1, **({"maxnreg": regs} if regs else {})}
+                out.append(("route_regs", f"{tag} replay route 4x1 maxnreg {regs or '-'}", lambda m=model, b=b, c=cfg:
+                            time_route(m, "replay", b, 1, c)))
+            if b == 1:
+                for regs in (56, None):
+                    cfg = {"BLOCK_V": 4, "num_warps": 1, **({"maxnreg": regs} if regs else {})}
+                    out.append(("route_regs", f"{model} b1 f32+bf16 replay-dual route 4x1 maxnreg {regs or '-'}",
+                                lambda m=model, c=cfg: time_route(m, "replay-dual", 1, 1, c)))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -364,7 +380,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore, "
-                                               "defer, defer_tiles)")
+                                               "defer, defer_tiles, route_regs)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}
