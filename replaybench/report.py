@@ -426,8 +426,19 @@ def speedup_table(df):
                     "state_dtype": r["state_dtype"], "lo_dtype": r["lo_dtype"],
                     "eager_state_dtype": base_dtype, "eager_us": base,
                     "median_us": float(r["median_us"]), "speedup": base / float(r["median_us"]),
-                    "pct_copy_bw": r.get("pct_copy_bw"), "cross_session": bool(cross)})
+                    "pct_copy_bw": r.get("pct_copy_bw"), "cross_session": bool(cross),
+                    "route": route_label(r.get("route_period"))})
     return pd.DataFrame(out)
+
+
+def route_label(period) -> str:
+    """A replay row's route (its `route_period` column: 0 buffered, k >= 1 the small-batch route
+    writing the state every k-th step); "" where the run did not record it."""
+    if period is None or period != period:
+        return ""
+    k = int(period)
+    return "buffered" if k == 0 else ("state written every step (eager-shaped)" if k == 1
+                                      else f"state written every {k} steps")
 
 
 def fig_speedup_heatmaps(df, manifest: dict, out_dir: Path, cpu: bool,
@@ -709,6 +720,8 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     banner = CPU_BANNER.format(name=dev_name) if cpu else None
     sp_cols = ["model", "method", "backend", "batch", "buffer_len", "flush_period", "spec_window",
                "state_dtype", "lo_dtype", "eager_us", "median_us", "speedup"]
+    if len(sp) and (sp["route"] != "").any():   # runs since session 30 record the replay step's route
+        sp_cols.append("route")
     title = f"replaybench report: {run_id}" + (" [CPU run]" if cpu else "")
 
     # markdown

@@ -224,9 +224,10 @@ def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str,
     raise ValueError(f"unknown op {op!r}; allowed: mamba2, gdn")
 
 
-def _route_period(case, model) -> int:
+def route_period(case, model) -> int:
     """The period of the small-batch route the Triton replay step takes at this case's shape
-    (0: it buffers; the kernel library's tables decide: GDN's ROUTE_K, Mamba-2's 1)."""
+    (0: it buffers; the kernel library's tables decide: GDN's ROUTE_K, Mamba-2's 1). The kernel
+    runner records it with each replay row (`route_period`)."""
     if getattr(case, "backend", "") != "triton":
         return 0
     read = DTYPE_BYTES[case.state_dtype if case.method == "replay" else case.lo_dtype]  # dual: the low copy
@@ -249,7 +250,7 @@ def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
     if case.method in EAGER_METHODS:
         return eager_traffic(lb, case.batch)
     if case.method in REPLAY_METHODS:
-        return replay_traffic(lb, case.batch, case.flush_period, _route_period(case, model))
+        return replay_traffic(lb, case.batch, case.flush_period, route_period(case, model))
     if case.method in SPEC_METHODS:
         if accepted is None:   # the case's acceptance model (replaybench.accept)
             from .accept import DEFAULT, accept_pmf

@@ -22,7 +22,7 @@ from replayssm.state import GDNReplayState, Mamba2ReplayState, dtype_of
 
 from ..models import get_model
 from ..timing import measure
-from ..traffic import step_traffic
+from ..traffic import REPLAY_METHODS, route_period, step_traffic
 from . import SkipCase
 
 STATE_TARGET_BYTES = 1 << 30      # all layers' state together: ~18x the H200's 60 MB L2
@@ -243,4 +243,8 @@ def run(case, ctx) -> dict:
         "check_rel_err": check, "layers": nl, "steps_per_sample": steps,
         "heads": heads, "state_rows": rows, "state_cols": cols,
         "groups": getattr(dims, "n_groups", getattr(dims, "num_k_heads", None)),
+        # which route the replay step took at this batch (0: buffered; k: the small-batch route,
+        # the state written every k-th step: k = 1 is eager-shaped), so a reader of a batch-1
+        # row knows what was timed
+        "route_period": route_period(case, model) if case.method in REPLAY_METHODS else None,
     }

@@ -95,6 +95,21 @@ def test_speedups_from_same_run_rows(tmp_path):
     assert s["speedup"].round(9).unique().tolist() == [1.6]
 
 
+def test_speedups_name_the_replay_steps_route(tmp_path):
+    from replaybench.report import route_label
+    assert [route_label(k) for k in (0, 1, 2, None, float("nan"))] == \
+        ["buffered", "state written every step (eager-shaped)", "state written every 2 steps", "", ""]
+    rows = [r for r in synthetic_rows() if r["model"] == "tiny-gdn" and r["backend"] == "triton"]
+    for r in rows:
+        if r["method"] != "eager":
+            r["route_period"] = 1 if r["batch"] <= 1 else 0
+    st = make_run(tmp_path, rows=rows)
+    sp = speedup_table(st.dataframe())
+    assert set(sp["route"]) == {"buffered", "state written every step (eager-shaped)"}
+    out = write_report("synthetic", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
+    assert "| speedup | route |" in (out / "report.md").read_text()
+
+
 def test_gpu_header_and_rerun_removes_stale_figures(tmp_path):
     rows = [r for r in synthetic_rows("NVIDIA H200") if r["model"] == "tiny-gdn"
             and r["backend"] == "triton" and r["method"] in ("eager", "replay")]

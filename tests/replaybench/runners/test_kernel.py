@@ -57,3 +57,26 @@ def test_a_gpu_sample_holds_the_same_steps_for_every_method_in_whole_flush_perio
     assert got == steps
     assert got % max(period, 1) == 0 and got >= SAMPLE_STEPS
     assert steps_per_sample(period, layers, "cpu") == max(period, 1)     # the CPU keeps one period
+
+
+@pytest.mark.parametrize("model,method,batch,want", [("tiny-gdn", "replay", 1, 1), ("tiny-gdn", "replay", 8, 2),
+                                                     ("tiny-gdn", "replay-dual", 8, 1), ("tiny-gdn", "replay", 32, 0),
+                                                     ("tiny-gdn", "eager", 1, None), ("tiny-mamba2", "replay", 1, 1)])
+def test_a_row_records_the_route_its_replay_step_took(model, method, batch, want, monkeypatch):
+    # the small-batch routes (GDN fp32 reads: every step to batch 4, every other step to 16;
+    # dual states every step; buffered above): a batch-1 replay row is an eager-shaped step, and
+    # the report says so (report.route_label). The check and the timing are stubbed: this is
+    # about the row
+    from replaybench.runners import kernel as kernel_runner
+    from replaybench.runners import RunContext
+    from replaybench.scenario import TimingConfig
+    m = get_model(model)
+    lo = "bfloat16" if method == "replay-dual" else "none"
+    kk = 16 if method.startswith("replay") else 0
+    c = Case("c", "kernel", m.name, m.op, method, "triton", batch, kk, kk, 0, "float32", lo)
+    monkeypatch.setattr(kernel_runner, "check_against_reference", lambda *a, **k: 0.0)
+    monkeypatch.setattr(kernel_runner, "workload", lambda *a, **k: ((lambda: None), 1, 1))
+    ctx = RunContext(device="cpu", timing=TimingConfig(warmup=0, min_samples=1, max_samples=1, max_time_s=0.01,
+                                                       rel_iqr=1.0))
+    row = kernel_runner.run(c, ctx)
+    assert row["route_period"] == want
