@@ -134,7 +134,9 @@ def replay_traffic(lb: LayerBytes, batch: int, flush_period: int, routed: int = 
     buf_read, buf_write = lb.row * (K - 1) / 2, lb.row * (K - 1) / K
     # output-only steps touch each state element ~replay_flops times; the flush step folds
     # (eager-like work) once per period
-    fl = lb.state_elems * (lb.replay_flops_per_elem * (K - 1) + lb.eager_flops_per_elem) / K
+    # (the small-batch route takes an eager step on the high tile at every step)
+    fl = lb.state_elems * (lb.eager_flops_per_elem if routed else
+                           (lb.replay_flops_per_elem * (K - 1) + lb.eager_flops_per_elem) / K)
     return Traffic(read_bytes=batch * (state_read + buf_read + lb.io_in),
                    write_bytes=batch * (state_write + buf_write + lb.io_out), flops=batch * fl,
                    parts={"state_read": batch * state_read, "state_write": batch * state_write,
