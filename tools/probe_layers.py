@@ -365,6 +365,22 @@ def probes():
                     cfg = {"BLOCK_V": 4, "num_warps": 1, **({"maxnreg": regs} if regs else {})}
                     out.append(("route_regs", f"{model} b1 f32+bf16 replay-dual route 4x1 maxnreg {regs or '-'}",
                                 lambda m=model, c=cfg: time_route(m, "replay-dual", 1, 1, c)))
+    # session 31: the deferred route in closed form (S_n k, S_n q from S_0's products and the
+    # entries' scalars: one pass over the tile before the output, as eager's), batch 1-16
+    for model in ("qwen3.5-4b", q122):
+        for b in (1, 2, 4, 8, 16):
+            tag = f"{model} b{b} f32"
+            out.append(("defer2", f"{tag} eager", lambda m=model, b=b: time_route(m, "eager", b)))
+            out.append(("defer2", f"{tag} replay table", lambda m=model, b=b: time_route(m, "replay", b)))
+            for bv in (4, 8, 16):
+                out.append(("defer2", f"{tag} replay route k2 {bv}x1", lambda m=model, b=b, bv=bv: time_route(
+                    m, "replay", b, 2, {"BLOCK_V": bv, "num_warps": 1})))
+        for b in (1, 4, 16):
+            tag = f"{model} b{b} f32+bf16"
+            out.append(("defer2", f"{tag} replay-dual table", lambda m=model, b=b: time_route(m, "replay-dual", b)))
+            for bv in (4, 16):
+                out.append(("defer2", f"{tag} replay-dual route k2 {bv}x1", lambda m=model, b=b, bv=bv:
+                            time_route(m, "replay-dual", b, 2, {"BLOCK_V": bv, "num_warps": 1})))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -380,7 +396,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore, "
-                                               "defer, defer_tiles, route_regs)")
+                                               "defer, defer_tiles, route_regs, defer2)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}
