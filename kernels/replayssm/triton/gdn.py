@@ -790,17 +790,16 @@ def _gdn_route_defer_kernel(
         late = e == e_next                        # a sibling's store of this launch
         fast = late | ((e != 0) & (e == ep) & (nw < RK))
         n = tl.where(late, (nw + RK - 1) % RK, tl.minimum(nw, RK - 1))
-        # the steady step, whatever the path (its loads issue first: see the eager route), in
-        # closed form: S_n k and S_n q from S_0 k and S_0 q and the entries' scalars, so the
-        # output and u wait on one pass over the tile, as eager's do
-        Sn, sk, sq = _fold_few(S0, kn, qn, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
-                               vb_ptr, bb_ptr, HV, HK, DK, DV, L, DUAL, EPS, RK - 1)
-        u = bt * (vv - alpha * sk)
-        o = alpha * sq + u * tl.sum(kn * qn, 0)
+        # the steady step, whatever the path (its loads issue first: see the eager route)
+        S = _fold_few(S0, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+                      HV, HK, DK, DV, L, DUAL, EPS, RK - 1)
+        u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
+        S = alpha * S + u[:, None] * kn[None, :]
+        o = tl.sum(S * qn[None, :], 1)
         ep_new = e_next
         if fast:
-            _route_finish(Sn, alpha, kn, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols,
-                          cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
+            _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+                          ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
                           skb, skh, sgb, sgh, HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, RK, STORE_EV)
             if (pid_v == 0) & (h == 0):
                 nxt_word = (e_next << _EP_SHIFT) | tl.where(n + 1 >= RK, 0, n + 1)
@@ -813,9 +812,10 @@ def _gdn_route_defer_kernel(
             S = _fold(S0, slot64, h, kh, nw, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
                       HV, HK, DK, DV, L, DUAL, EPS)
             u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
-            o = alpha * tl.sum(S * qn[None, :], 1) + u * tl.sum(kn * qn, 0)
-            _route_finish(S, alpha, kn, u, o, nw, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols,
-                          cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
+            S = alpha * S + u[:, None] * kn[None, :]
+            o = tl.sum(S * qn[None, :], 1)
+            _route_finish(S, u, o, nw, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+                          ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
                           skb, skh, sgb, sgh, HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, RK, STORE_EV)
             ep_new = 1
             old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
@@ -828,18 +828,16 @@ def _gdn_route_defer_kernel(
 
 
 @triton.jit
-def _route_finish(S, alpha, kn, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+def _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
                   ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
                   skb, skh, sgb, sgh, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                   L: tl.constexpr, HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, RK: tl.constexpr,
                   STORE_EV: tl.constexpr):
-    """The deferred route's writes of a step taken at count n from the tile S (entries 0..n-1
-    folded in) with decay alpha, normalised key kn and u: n + 1 >= RK: S' = alpha S + u kn^T to
-    the high copy; else entry n of the buffer (u rows; dual: v rows; program 0 of the head: g
-    (dual: beta); of the key head's first value head: k). Then o [BLOCK_V]."""
+    """The deferred route's writes of a step taken at count n: n + 1 >= RK: the tile S to the
+    high copy; else entry n of the buffer (u rows; dual: v rows; program 0 of the head: g (dual:
+    beta); of the key head's first value head: k). Then o [BLOCK_V]."""
     if n + 1 >= RK:
-        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, alpha * S + u[:, None] * kn[None, :], mask2, rmask, HI_FP8,
-                    INTERP, STORE_EV)
+        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP, STORE_EV)
     else:
         ent = slot64 * L + n
         tl.store(ub_ptr + (ent * HV + h) * DV + rows, u, mask=rmask)
@@ -857,21 +855,14 @@ def _route_finish(S, alpha, kn, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_of
 
 
 @triton.jit
-def _fold_few(S, kn, qn, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+def _fold_few(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
               HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
               DUAL: tl.constexpr, EPS: tl.constexpr, NMAX: tl.constexpr):
-    """Entries 0..n-1 (n <= NMAX) folded into the tile S_0 [BLOCK_V, BLOCK_K], unrolled and
-    without branches: (S_n, S_n kn, S_n qn). The products come from S_0 kn and S_0 qn through
-    S_{i+1} x = a_i S_i x + u_i (k_i . x), so they take one pass over the tile, beside each other,
-    and need no reduction of a folded tile (the entries' own are of [BLOCK_K] vectors); S_n is
-    needed only where the step writes the state. Dual: u_i = beta_i (v_i - a_i S_i k_i), its
-    S_i k_i a pass over S_i (over S_0, beside the others, for entry 0). Every entry < NMAX is
+    """_fold of entries 0..n-1, n <= NMAX, unrolled and without branches. Every entry < NMAX is
     loaded whatever n is (its addresses do not depend on the cursor, so the loads issue with the
     tile's instead of a round trip after the cursor's: at batch 1, with the loads masked by
     i < n, the route ran 3.5-3.9 us against eager's 3.0, probe_layers_s30a.txt); an entry i >= n
     (whatever its rows hold) is then replaced by decay 1 and u 0, so it leaves S as it is."""
-    sk = tl.sum(S * kn[None, :], 1)
-    sq = tl.sum(S * qn[None, :], 1)
     for i in tl.static_range(NMAX):
         ok = i < n
         e = slot64 * L + i
@@ -889,10 +880,8 @@ def _fold_few(S, kn, qn, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_
             ui = tl.where(ok, bi, 0.0) * (tl.where(ok, vi, 0.0) - ai * tl.sum(S * ki[None, :], 1))
         else:
             ui = tl.where(ok, ui, 0.0)
-        sk = ai * sk + ui * tl.sum(ki * kn, 0)
-        sq = ai * sq + ui * tl.sum(ki * qn, 0)
         S = ai * S + ui[:, None] * ki[None, :]
-    return S, sk, sq
+    return S
 
 
 # ----------------------------------------------------------------------------- replay

@@ -1159,7 +1159,7 @@ for b in (1, 256):
             res[f"replay eager-route {mode} b1"] = G.plan_replay(rs(mode, lo), **i, state_indices=None, scale=.1,
                                                                  o=i["v"], config={"EAGER_ROUTE": True, "BLOCK_V": 8,
                                                                                    "num_warps": 1})[0]
-            for rk, bv in ((2, 4), (4, 4)):   # the deferred route (ROUTE_K; k 4 at 8 rows: 203 registers)
+            for rk, bv in ((2, 4), (4, 8)):   # the deferred route (ROUTE_K)
                 res[f"replay deferred-route k{rk} {mode} b1"] = G.plan_replay(
                     rs(mode, lo), **i, state_indices=None, scale=.1, o=i["v"],
                     config={"EAGER_ROUTE": True, "ROUTE_K": rk, "BLOCK_V": bv, "num_warps": 1})[0]

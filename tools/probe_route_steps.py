@@ -1,0 +1,99 @@
+"""Per-launch durations of one method's decode step at a small batch, for Nsight Compute.
+
+Session 31. The deferred small-batch route (ROUTE_K 2) alternates two different steps, one that
+appends an entry (no state write) and one that folds it and writes the state; a CUDA-graph
+timing gives only their mean. Run under ncu, this script lays the layers out as the sweep does
+(>= 1 GiB of state, at most 64 layers, so a layer's state comes from HBM), steps every layer
+`--warm` times outside the profiled range, then `--steps` times inside it (cudaProfilerStart /
+Stop), so each launch's gpu__time_duration can be grouped by step (launch i // layers):
+
+  ncu --profile-from-start off --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv python3 tools/probe_route_steps.py qwen3.5-4b replay 1 --route-k 2
+  python3 tools/probe_route_steps.py --summarise ncu.csv --layers 64
+
+(--route-k / --block-v / --warps patch the table's small-batch route row as tools/probe_layers.py's
+time_route does.)"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(a) -> None:
+    import torch
+    from probe_layers import TK, get_model, Layer, _inputs
+    model = get_model(a.model)
+    d = model.ssm
+    per_layer = a.batch * d.num_v_heads * d.head_v_dim * d.head_k_dim * 4
+    nl = max(1, min(64, -(-(1 << 30) // per_layer)))
+    rows = TK.CONFIGS["replay"]
+    if a.route_k is not None:
+        i = next(j for j, r in enumerate(rows) if len(r) > 3 and r[3].get("EAGER_ROUTE"))
+        opts = {"EAGER_ROUTE": True, "ROUTE_K": a.route_k}
+        rows[i] = (max(rows[i][0], a.batch), a.block_v, a.warps, opts)
+    gen = torch.Generator().manual_seed(3)
+    lo = "bfloat16" if a.method == "replay-dual" else "none"
+    kk = 16 if a.method.startswith("replay") else 0
+    layers = [Layer(model.op, d, a.method, "triton", a.batch, kk, kk, "float32", lo, "cuda", gen) for _ in range(nl)]
+    inp, params = _inputs(model.op, d, a.batch, "cuda", gen)
+    idx = torch.arange(a.batch, dtype=torch.int32, device="cuda")
+    for _ in range(a.warm):
+        for lay in layers:
+            lay.step(inp, params, idx)
+    torch.cuda.synchronize()
+    print(f"# {a.model} {a.method} b{a.batch} route_k {a.route_k} layers {nl}", file=sys.stderr)
+    torch.cuda.cudart().cudaProfilerStart()
+    for _ in range(a.steps):
+        for lay in layers:
+            lay.step(inp, params, idx)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def summarise(path: str, layers: int, label: str) -> None:
+    """Median us per step index (launch i // layers) of every kernel named in ncu's CSV."""
+    text = open(path).read()
+    start = text.find('"ID"')
+    by = {}
+    for r in csv.DictReader(io.StringIO(text[start:])):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        v = float(r["Metric Value"].replace(",", ""))
+        us = v / 1e3 if r["Metric Unit"] in ("nsecond", "ns") else v
+        by.setdefault(r["Kernel Name"].split("(")[0], []).append(us)
+    for name, ts in by.items():
+        steps = [ts[i:i + layers] for i in range(0, len(ts), layers)]
+        med = " ".join(f"{statistics.median(s):6.2f}" for s in steps)
+        print(f"{label:40s} {name:32s} launches {len(ts):4d}  us per step: {med}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("method", nargs="?", choices=["eager", "replay", "replay-dual"])
+    ap.add_argument("batch", nargs="?", type=int)
+    ap.add_argument("--route-k", type=int, default=None)
+    ap.add_argument("--block-v", type=int, default=4)
+    ap.add_argument("--warps", type=int, default=1)
+    ap.add_argument("--warm", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--summarise", metavar="CSV")
+    ap.add_argument("--layers", type=int, default=64)
+    ap.add_argument("--label", default="")
+    a = ap.parse_args()
+    if a.summarise:
+        summarise(a.summarise, a.layers, a.label)
+    elif a.model and a.method and a.batch:
+        run(a)
+    else:
+        ap.error("give MODEL METHOD BATCH, or --summarise CSV")
+
+
+if __name__ == "__main__":
+    main()
