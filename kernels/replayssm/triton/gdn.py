@@ -788,15 +788,6 @@ def _gdn_route_defer_kernel(
         ep_at = ep_ptr + (slot64 * HV + h) * NE + pid_v * EW
         ep = tl.load(ep_at).to(tl.int32)
         e0 = slot64 * L
-        # entry 0's lines into L1 now: ptxas issues its loads below after the inputs' norms (a
-        # DRAM round trip after the inputs'), and they come from HBM (written a step ago)
-        one = tl.zeros([1], tl.int64)
-        prefetch_hint(kb_ptr, one + (e0 * HK + kh) * DK, (DK * kb_ptr.dtype.element_ty.primitive_bitwidth + 1023)
-                      // 1024, 1024 // kb_ptr.dtype.element_ty.primitive_bitwidth, 2, INTERP)
-        prefetch_hint(vb_ptr if DUAL else ub_ptr, one + (e0 * HV + h) * DV + pid_v * BLOCK_V, 1, 1, 2, INTERP)
-        prefetch_hint(gb_ptr, one + e0 * HV + h, 1, 1, 2, INTERP)
-        if DUAL:
-            prefetch_hint(bb_ptr, one + e0 * HV + h, 1, 1, 2, INTERP)
         k_raw = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0)
         q_raw = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
         vv = tl.load(v_ptr + b * svb + h * svh + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -877,17 +868,20 @@ def _route_finish(S, alpha, kn, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_of
         _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, alpha * S + u[:, None] * kn[None, :], mask2, rmask, HI_FP8,
                     INTERP, STORE_EV)
     else:
+        # evict-last: the next step reads the entry back (its rows, beside the streamed states'
+        # evict-first lines, stay in L2 until then), and ptxas issues those loads late
         ent = slot64 * L + n
-        tl.store(ub_ptr + (ent * HV + h) * DV + rows, u, mask=rmask)
+        tl.store(ub_ptr + (ent * HV + h) * DV + rows, u, mask=rmask, eviction_policy="evict_last")
         if DUAL:
-            tl.store(vb_ptr + (ent * HV + h) * DV + rows, cast(vv, vb_ptr.dtype.element_ty, INTERP), mask=rmask)
+            tl.store(vb_ptr + (ent * HV + h) * DV + rows, cast(vv, vb_ptr.dtype.element_ty, INTERP), mask=rmask,
+                     eviction_policy="evict_last")
         if tl.program_id(0) == 0:
-            tl.store(gb_ptr + ent * HV + h, g_raw)
+            tl.store(gb_ptr + ent * HV + h, g_raw, eviction_policy="evict_last")
             if DUAL:
-                tl.store(bb_ptr + ent * HV + h, bt)
+                tl.store(bb_ptr + ent * HV + h, bt, eviction_policy="evict_last")
             if h % (HV // HK) == 0:
                 tl.store(kb_ptr + (ent * HK + kh) * DK + cols, cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
-                                                                    INTERP), mask=cmask)
+                                                                    INTERP), mask=cmask, eviction_policy="evict_last")
     tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
 
 
