@@ -746,30 +746,25 @@ def _gdn_route_defer_kernel(
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr,
+    HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, EPS: tl.constexpr, RK: tl.constexpr,
     EP_ROWS: tl.constexpr, LOAD_EV: tl.constexpr = _EVICT_FIRST, STORE_EV: tl.constexpr = _EVICT_FIRST,
 ):
-    """The small-batch route with period 2 (ROUTE_K 2): the state is written at every other
-    step only. One [BLOCK_V, dk] tile of the HIGH checkpoint per program, as the eager route;
-    at cursor n = 1 the tile gets entry 0 folded in (stored u; dual: u recomputed against it),
-    then this step: o = S' q; n = 1: S' written, cursor 0; n = 0: the entry appended (u, k, g;
-    dual: v, beta), cursor 1. So the route moves the state's read and half its write a step,
-    against eager's read and write.
-
-    Every load comes first, entry 0's too, whatever the cursor says (their addresses do not
-    depend on it), and the step takes the closed form: S_1 k = a_0 S_0 k + u_0 (k_0 . k), and so
-    for q, so u and o wait on one pass over the tile as eager's do (Nsight Compute, one launch
-    each, Qwen3.5-4B batch 1: the serial form's writing step 4.10 us, its appending step 3.62,
-    eager 3.62: probe_route_steps_s31b.txt). S_1 is built only to be written.
+    """The small-batch route with period RK >= 2 (ROUTE_K): the state is written at every
+    RK-th step only. One [BLOCK_V, dk] tile of the HIGH checkpoint per program, as the eager
+    route; at cursor n < RK the tile gets entries 0..n-1 folded in (stored u; dual: u
+    recomputed against it), then this step: o = S' q; n + 1 = RK: S' written, cursor 0; else
+    the entry appended at n (u, k, g; dual: v, beta), cursor n + 1. So the route moves the
+    state's read and 1/RK of its write a step, against eager's read and write.
 
     The cursor moves without a ticket (state.py, "the route's epoch"): program (0, 0) of the
     sequence stores (e' << 8) | n' (dual: | LO_STALE), e' = ep % 127 + 1, where ep is the epoch
     the program's rows last saw (route_epoch, ep_ptr: one byte per 4 rows); every program
     stores e' there. A program reading epoch ep sees the word from before the launch; epoch
-    e' is a sibling's store, whose count n' came from n by n -> (n + 1) mod 2. Any other word
-    (epoch 0: another op moved the cursor; or n >= 2) takes the rare path: entries 0..n-1
+    e' is a sibling's store, whose count n' came from n by n -> (n + 1) mod RK. Any other word
+    (epoch 0: another op moved the cursor; or n >= RK) takes the rare path: entries 0..n-1
     folded, this step, S' written, and a ticket each; the last program stores epoch 1, count 0.
-    Every program has read the word before its own ticket, so all agree on the path and on n."""
+    Every program has read the word before its own ticket, so all agree on the path and on n.
+    The steady step is computed ahead of the branch on the path (see _gdn_replay_eager_kernel)."""
     tl.static_assert(BLOCK_V % EP_ROWS == 0, "BLOCK_V: a multiple of EP_ROWS (state.EPOCH_ROWS)")
     NE: tl.constexpr = (DV + EP_ROWS - 1) // EP_ROWS
     EW: tl.constexpr = BLOCK_V // EP_ROWS
@@ -787,51 +782,27 @@ def _gdn_route_defer_kernel(
         word = tl.load(cur_ptr + slot64)
         ep_at = ep_ptr + (slot64 * HV + h) * NE + pid_v * EW
         ep = tl.load(ep_at).to(tl.int32)
-        e0 = slot64 * L
-        k_raw = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0)
-        q_raw = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
-        vv = tl.load(v_ptr + b * svb + h * svh + rows, mask=rmask, other=0.0).to(tl.float32)
-        g_raw = tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32)
-        bt = tl.load(beta_ptr + b * sbb + h * sbh).to(tl.float32)
-        g0 = tl.load(gb_ptr + e0 * HV + h).to(tl.float32)
-        k0 = tl.load(kb_ptr + (e0 * HK + kh) * DK + cols, mask=cmask, other=0.0).to(tl.float32)
-        if DUAL:
-            v0 = tl.load(vb_ptr + (e0 * HV + h) * DV + rows, mask=rmask, other=0.0).to(tl.float32)
-            b0 = tl.load(bb_ptr + e0 * HV + h).to(tl.float32)
-        else:
-            u0 = tl.load(ub_ptr + (e0 * HV + h) * DV + rows, mask=rmask, other=0.0).to(tl.float32)
-        # the path and the count from the word and the epoch
+        kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
+                                              cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
         e = (word >> _EP_SHIFT) & 127
         nw = word & _CUR_MASK
         e_next = ep % 127 + 1
         late = e == e_next                        # a sibling's store of this launch
-        fast = late | ((e != 0) & (e == ep) & (nw < 2))
-        n = tl.where(late, 1 - nw, tl.minimum(nw, 1))
-        # the steady step in closed form; entry 0 counts where n = 1 (else decay 1, u 0)
-        kf = k_raw.to(tl.float32)
-        kn = kf * tl.rsqrt(tl.sum(kf * kf, 0) + EPS)
-        qn = q_raw * (tl.rsqrt(tl.sum(q_raw * q_raw, 0) + EPS) * scale)
-        alpha = tl.exp(g_raw)
-        ok = n > 0
-        a0 = tl.where(ok, tl.exp(tl.where(ok, g0, 0.0)), 1.0)
-        k0 = tl.where(ok, k0, 0.0)
-        k0 = k0 * tl.rsqrt(tl.sum(k0 * k0, 0) + EPS)
-        if DUAL:
-            u0 = tl.where(ok, b0, 0.0) * (tl.where(ok, v0, 0.0) - a0 * tl.sum(S0 * k0[None, :], 1))
-        else:
-            u0 = tl.where(ok, u0, 0.0)
-        sk = a0 * tl.sum(S0 * kn[None, :], 1) + u0 * tl.sum(k0 * kn, 0)
-        sq = a0 * tl.sum(S0 * qn[None, :], 1) + u0 * tl.sum(k0 * qn, 0)
-        u = bt * (vv - alpha * sk)
-        o = alpha * sq + u * tl.sum(kn * qn, 0)
+        fast = late | ((e != 0) & (e == ep) & (nw < RK))
+        n = tl.where(late, (nw + RK - 1) % RK, tl.minimum(nw, RK - 1))
+        # the steady step, whatever the path (its loads issue first: see the eager route)
+        S = _fold_few(S0, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+                      HV, HK, DK, DV, L, DUAL, EPS, RK - 1)
+        u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
+        S = alpha * S + u[:, None] * kn[None, :]
+        o = tl.sum(S * qn[None, :], 1)
         ep_new = e_next
         if fast:
-            S1 = a0 * S0 + u0[:, None] * k0[None, :]
-            _route_finish(S1, alpha, kn, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols,
-                          cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_raw, g_raw, h, kh, slot64, vv, bt,
-                          HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, STORE_EV)
+            _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+                          ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
+                          skb, skh, sgb, sgh, HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, RK, STORE_EV)
             if (pid_v == 0) & (h == 0):
-                nxt_word = (e_next << _EP_SHIFT) | (1 - n)
+                nxt_word = (e_next << _EP_SHIFT) | tl.where(n + 1 >= RK, 0, n + 1)
                 if DUAL:
                     nxt_word = nxt_word | _LO_STALE
                 tl.store(cur_ptr + slot64, nxt_word)
@@ -841,14 +812,15 @@ def _gdn_route_defer_kernel(
             S = _fold(S0, slot64, h, kh, nw, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
                       HV, HK, DK, DV, L, DUAL, EPS)
             u = bt * (vv - alpha * tl.sum(S * kn[None, :], 1))
-            o = alpha * tl.sum(S * qn[None, :], 1) + u * tl.sum(kn * qn, 0)
-            _route_finish(S, alpha, kn, u, o, nw, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols,
-                          cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_raw, g_raw, h, kh, slot64, vv, bt,
-                          HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, STORE_EV)
+            S = alpha * S + u[:, None] * kn[None, :]
+            o = tl.sum(S * qn[None, :], 1)
+            _route_finish(S, u, o, nw, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+                          ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
+                          skb, skh, sgb, sgh, HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, RK, STORE_EV)
             ep_new = 1
             old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
             if (old >> 16) == nprog - 1:
-                first = (_EP_ONE_STALE if DUAL else _EP_ONE) + tl.where(nw >= 1, 0, 1)
+                first = (_EP_ONE_STALE if DUAL else _EP_ONE) + tl.where(nw + 1 >= RK, 0, nw + 1)
                 tl.atomic_xchg(cur_ptr + slot64, first, sem="relaxed")
         ew = tl.arange(0, EW)
         tl.store(ep_at + ew, tl.full([EW], 0, tl.int8) + ep_new.to(tl.int8),
@@ -856,33 +828,64 @@ def _gdn_route_defer_kernel(
 
 
 @triton.jit
-def _route_finish(S, alpha, kn, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
-                  ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_raw, g_raw, h, kh, slot64, vv, bt,
-                  HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-                  HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, STORE_EV: tl.constexpr):
-    """The deferred route's writes of a step taken at count n from the tile S (the entries
-    below n folded in) with decay alpha, normalised key kn and u: n >= 1: S' = alpha S + u kn^T
-    to the high copy; else entry n of the buffer (u rows; dual: v rows; program 0 of the head:
-    g (dual: beta); of the key head's first value head: the raw key k_raw). Then o [BLOCK_V]."""
-    if n >= 1:
-        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, alpha * S + u[:, None] * kn[None, :], mask2, rmask, HI_FP8,
-                    INTERP, STORE_EV)
+def _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, rows, cols, cmask,
+                  ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
+                  skb, skh, sgb, sgh, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  L: tl.constexpr, HI_FP8: tl.constexpr, DUAL: tl.constexpr, INTERP: tl.constexpr, RK: tl.constexpr,
+                  STORE_EV: tl.constexpr):
+    """The deferred route's writes of a step taken at count n: n + 1 >= RK: the tile S to the
+    high copy; else entry n of the buffer (u rows; dual: v rows; program 0 of the head: g (dual:
+    beta); of the key head's first value head: k). Then o [BLOCK_V]."""
+    if n + 1 >= RK:
+        _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP, STORE_EV)
     else:
-        # evict-last: the next step reads the entry back (its rows, beside the streamed states'
-        # evict-first lines, stay in L2 until then), and ptxas issues those loads late
+        # evict-last: the next step reads the entry back, its key row after the inputs' norms
+        # (ptxas's order), so from L2 rather than HBM behind the streamed states' evict-first lines
         ent = slot64 * L + n
         tl.store(ub_ptr + (ent * HV + h) * DV + rows, u, mask=rmask, eviction_policy="evict_last")
         if DUAL:
             tl.store(vb_ptr + (ent * HV + h) * DV + rows, cast(vv, vb_ptr.dtype.element_ty, INTERP), mask=rmask,
                      eviction_policy="evict_last")
         if tl.program_id(0) == 0:
-            tl.store(gb_ptr + ent * HV + h, g_raw, eviction_policy="evict_last")
+            tl.store(gb_ptr + ent * HV + h, tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32),
+                     eviction_policy="evict_last")
             if DUAL:
                 tl.store(bb_ptr + ent * HV + h, bt, eviction_policy="evict_last")
             if h % (HV // HK) == 0:
+                k_raw = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0)
                 tl.store(kb_ptr + (ent * HK + kh) * DK + cols, cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
                                                                     INTERP), mask=cmask, eviction_policy="evict_last")
     tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
+
+
+@triton.jit
+def _fold_few(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
+              HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+              DUAL: tl.constexpr, EPS: tl.constexpr, NMAX: tl.constexpr):
+    """_fold of entries 0..n-1, n <= NMAX, unrolled and without branches. Every entry < NMAX is
+    loaded whatever n is (its addresses do not depend on the cursor, so the loads issue with the
+    tile's instead of a round trip after the cursor's: at batch 1, with the loads masked by
+    i < n, the route ran 3.5-3.9 us against eager's 3.0, probe_layers_s30a.txt); an entry i >= n
+    (whatever its rows hold) is then replaced by decay 1 and u 0, so it leaves S as it is."""
+    for i in tl.static_range(NMAX):
+        ok = i < n
+        e = slot64 * L + i
+        gi = tl.load(gb_ptr + e * HV + h).to(tl.float32)
+        ki = tl.load(kb_ptr + (e * HK + kh) * DK + cols, mask=cmask, other=0.0).to(tl.float32)
+        if DUAL:
+            vi = tl.load(vb_ptr + (e * HV + h) * DV + rows, mask=rmask, other=0.0).to(tl.float32)
+            bi = tl.load(bb_ptr + e * HV + h).to(tl.float32)
+        else:
+            ui = tl.load(ub_ptr + (e * HV + h) * DV + rows, mask=rmask, other=0.0).to(tl.float32)
+        ai = tl.where(ok, tl.exp(tl.where(ok, gi, 0.0)), 1.0)
+        ki = tl.where(ok, ki, 0.0)
+        ki = ki * tl.rsqrt(tl.sum(ki * ki, 0) + EPS)
+        if DUAL:
+            ui = tl.where(ok, bi, 0.0) * (tl.where(ok, vi, 0.0) - ai * tl.sum(S * ki[None, :], 1))
+        else:
+            ui = tl.where(ok, ui, 0.0)
+        S = ai * S + ui[:, None] * ki[None, :]
+    return S
 
 
 # ----------------------------------------------------------------------------- replay
@@ -2429,10 +2432,8 @@ def route_period(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
 
 def _route_k(cfg: dict, flush_period: int) -> int:
     k = cfg.get("ROUTE_K", 1)
-    if type(k) is not int or k not in (1, 2):
-        # 3 and 4 (the kernel's serial fold of up to k - 1 entries) ran slower than 2 at every
-        # batch timed (probe_layers_s30b.txt); the kernel now takes entry 0 in closed form only
-        raise ValueError(f"config ROUTE_K={k!r}: allowed 1 (the state written every step) or 2 (every other step)")
+    if not isinstance(k, int) or not 1 <= k <= 127:
+        raise ValueError(f"config ROUTE_K={k!r}: allowed an int 1..127")
     return min(k, flush_period)
 
 
@@ -2472,7 +2473,7 @@ def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scal
         if cfg["BLOCK_V"] % EPOCH_ROWS:
             raise ValueError(f"config BLOCK_V={cfg['BLOCK_V']} with ROUTE_K={rk}: allowed multiples of "
                              f"{EPOCH_ROWS} (state.EPOCH_ROWS)")
-        return _gdn_route_defer_kernel, grid, args, dict(meta, EP_ROWS=EPOCH_ROWS)
+        return _gdn_route_defer_kernel, grid, args, dict(meta, RK=rk, EP_ROWS=EPOCH_ROWS)
     return _gdn_replay_eager_kernel, grid, args, dict(meta, PENDING_CALL=bool(cfg.get("PENDING_CALL", False)))
 
 
