@@ -381,6 +381,15 @@ def probes():
             for bv in (4, 16):
                 out.append(("defer2", f"{tag} replay-dual route k2 {bv}x1", lambda m=model, b=b, bv=bv:
                             time_route(m, "replay-dual", b, 2, {"BLOCK_V": bv, "num_warps": 1})))
+    # session 31: Mamba-2's every-step route at batch 1-2 (the step ahead of the branch on the
+    # cursor, each branch storing its own results) against our eager kernel, >= 1 GiB of layers
+    for model in ("nemotron-3-nano-4b", "nemotron-3-super-120b-a12b"):
+        d = get_model(model).ssm
+        for b in (1, 2):
+            nl = max(1, min(64, -(-(1 << 30) // (b * d.nheads * d.head_dim * d.d_state * 4))))
+            for method in ("eager", "replay", "replay-dual"):
+                out.append(("m2route", f"{model} b{b} f32 {method}", lambda m=model, b=b, n=nl, me=method:
+                            time_layers(m, me, "triton", b, "float32", n, 16)))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -396,7 +405,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore, "
-                                               "defer, defer_tiles, route_regs, defer2)")
+                                               "defer, defer_tiles, route_regs, defer2, m2route)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}

@@ -839,22 +839,18 @@ def _route_finish(S, u, o, n, o_ptrs, hi_ptr, hi_sc_ptr, tile, row_off, mask2, r
     if n + 1 >= RK:
         _ckpt_store(hi_ptr, hi_sc_ptr, tile, row_off, S, mask2, rmask, HI_FP8, INTERP, STORE_EV)
     else:
-        # evict-last: the next step reads the entry back, its key row after the inputs' norms
-        # (ptxas's order), so from L2 rather than HBM behind the streamed states' evict-first lines
         ent = slot64 * L + n
-        tl.store(ub_ptr + (ent * HV + h) * DV + rows, u, mask=rmask, eviction_policy="evict_last")
+        tl.store(ub_ptr + (ent * HV + h) * DV + rows, u, mask=rmask)
         if DUAL:
-            tl.store(vb_ptr + (ent * HV + h) * DV + rows, cast(vv, vb_ptr.dtype.element_ty, INTERP), mask=rmask,
-                     eviction_policy="evict_last")
+            tl.store(vb_ptr + (ent * HV + h) * DV + rows, cast(vv, vb_ptr.dtype.element_ty, INTERP), mask=rmask)
         if tl.program_id(0) == 0:
-            tl.store(gb_ptr + ent * HV + h, tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32),
-                     eviction_policy="evict_last")
+            tl.store(gb_ptr + ent * HV + h, tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32))
             if DUAL:
-                tl.store(bb_ptr + ent * HV + h, bt, eviction_policy="evict_last")
+                tl.store(bb_ptr + ent * HV + h, bt)
             if h % (HV // HK) == 0:
                 k_raw = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0)
                 tl.store(kb_ptr + (ent * HK + kh) * DK + cols, cast(k_raw.to(tl.float32), kb_ptr.dtype.element_ty,
-                                                                    INTERP), mask=cmask, eviction_policy="evict_last")
+                                                                    INTERP), mask=cmask)
     tl.store(o_ptrs, cast(o, o_ptrs.dtype.element_ty, INTERP), mask=rmask)
 
 
