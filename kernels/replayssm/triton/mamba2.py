@@ -895,14 +895,6 @@ def _replay_eager_kernel(
     x_buf = cast(x_in, bx_ptr.dtype.element_ty, EXACT).to(tl.float32)
     a_n = tl.exp(dt_n * A)      # the new entry's terms, computed while the state tile streams in
     dx_n = dt_n * x_buf
-    # The steady state (n = 0) takes its step ahead of the branch on n, each branch storing its
-    # own results (as the GDN route does). With one step after the branches' join, ptxas sank
-    # dt's softplus, its rounding and exp(dt A) past the branch, so they ran only once the cursor
-    # and the tile had arrived (sm_90 SASS, Super batch 1): a chain of MUFU round trips the
-    # eager kernel runs while its tile streams in.
-    S1 = a_n * S + dx_n[:, None] * Bn[None, :]
-    y_z = z_ptr + b * s_z_b + h * s_z_h
-    y_out = y_ptr + b * s_y_b + h * s_y_h
     if n > 0:
         # Pending entries folded one by one (rank-1 FMA updates, in order). This path is rare
         # (a route switch); a tl.dot fold here put the whole tile in an MMA-friendly layout and
@@ -915,19 +907,15 @@ def _replay_eager_kernel(
                 B_i = tl.load(bB_ptr + slot * s_bB_s + g * s_bB_g + i * s_bB_l + offs_n, mask=in_n,
                               other=0.0).to(tl.float32)
                 S = tl.exp(dt_i * A) * S + (dt_i * x_i)[:, None] * B_i[None, :]
-        S = a_n * S + dx_n[:, None] * Bn[None, :]
-        _store_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, HI_SCALE, EXACT,
-                     EVICT)
-        _finish_y(tl.sum(S * Cv[None, :], axis=1), x_in, Dh, y_z, y_out, offs_p, mask_p, in_p, HAS_Z, EXACT)
         t = tl.atomic_add(cur_ptr + slot, 65536, mask=live, sem="relaxed")
         tl.atomic_xchg(cur_ptr + slot, _LO_STALE if HAS_LO else 0, mask=live & ((t >> 16) == NPROG - 1),
                        sem="relaxed")
-    else:
-        _store_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S1, HI_SCALE, EXACT,
-                     EVICT)
-        _finish_y(tl.sum(S1 * Cv[None, :], axis=1), x_in, Dh, y_z, y_out, offs_p, mask_p, in_p, HAS_Z, EXACT)
-        if HAS_LO:
-            tl.store(cur_ptr + slot, _LO_STALE, mask=live & (word == 0))
+    elif HAS_LO:
+        tl.store(cur_ptr + slot, _LO_STALE, mask=live & (word == 0))
+    S = a_n * S + dx_n[:, None] * Bn[None, :]
+    _store_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, S, HI_SCALE, EXACT, EVICT)
+    _finish_y(tl.sum(S * Cv[None, :], axis=1), x_in, Dh, z_ptr + b * s_z_b + h * s_z_h, y_ptr + b * s_y_b + h * s_y_h,
+              offs_p, mask_p, in_p, HAS_Z, EXACT)
 
 
 # ----------------------------------------------------------------------------- fold (flush / commit)
