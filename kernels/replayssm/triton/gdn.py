@@ -2428,7 +2428,7 @@ def route_period(batch: int, dv: int, dk: int, buffer_len: int, read_bytes: int,
 
 def _route_k(cfg: dict, flush_period: int) -> int:
     k = cfg.get("ROUTE_K", 1)
-    if not isinstance(k, int) or not 1 <= k <= 127:
+    if type(k) is not int or not 1 <= k <= 127:     # (not a bool: True is an int)
         raise ValueError(f"config ROUTE_K={k!r}: allowed an int 1..127")
     return min(k, flush_period)
 

@@ -916,8 +916,9 @@ def test_deferred_route_config_errors():
     g = gen(5)
     rs, _ = make_pair(TALL, 2, 6, 4, "replay", "float32", None, torch.bfloat16, g)
     x = step_inputs(TALL, 2, torch.bfloat16, g)
-    with pytest.raises(ValueError, match="ROUTE_K"):
-        GD.replay_step(rs, **x, config={"EAGER_ROUTE": True, "ROUTE_K": 0})
+    for bad in (0, 128, True, 2.0):
+        with pytest.raises(ValueError, match=f"ROUTE_K={bad!r}: allowed an int 1..127"):
+            GD.replay_step(rs, **x, config={"EAGER_ROUTE": True, "ROUTE_K": bad})
     with pytest.raises(ValueError, match="BLOCK_V=2 with ROUTE_K"):
         GD.replay_step(rs, **x, config={"EAGER_ROUTE": True, "ROUTE_K": 2, "BLOCK_V": 2})
 
