@@ -495,14 +495,20 @@ def _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr,
 
 
 @triton.jit
+def _tile_at(slot64, h, rows, rmask, cols, cmask, HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr):
+    """Where a [BLOCK_V, BLOCK_K] tile of (slot, value head h), rows `rows`, lies in a
+    [slots, Hv, dv, dk] state: (its row offsets [BLOCK_V], element offsets, mask)."""
+    row_off = (slot64 * HV + h) * DV + rows
+    return row_off, row_off[:, None] * DK + cols[None, :], rmask[:, None] & cmask[None, :]
+
+
+@triton.jit
 def _folded_tile(hi_ptr, hi_sc_ptr, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, slot64, h, kh, n, rows, rmask, cols, cmask,
                  HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
                  HI_FP8: tl.constexpr, DUAL: tl.constexpr, EPS: tl.constexpr, EV: tl.constexpr = _EVICT_FIRST):
     """The high checkpoint's [BLOCK_V, dk] tile of (slot, value head h), rows `rows`, with buffer
     entries 0..n-1 folded in (_fold): (S, its element offsets, its row offsets, its mask)."""
-    row_off = (slot64 * HV + h) * DV + rows
-    tile = row_off[:, None] * DK + cols[None, :]
-    mask2 = rmask[:, None] & cmask[None, :]
+    row_off, tile, mask2 = _tile_at(slot64, h, rows, rmask, cols, cmask, HV, DV, DK)
     S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8, EV)
     S = _fold(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
               HV, HK, DK, DV, L, DUAL, EPS)
@@ -542,9 +548,7 @@ def _gdn_eager_kernel(
                      mask=rmask & (rows + t * BLOCK_V < DV))
     else:
         slot64 = slot.to(tl.int64)
-        row_off = (slot64 * HV + h) * DV + rows
-        tile = row_off[:, None] * DK + cols[None, :]
-        mask2 = rmask[:, None] & cmask[None, :]
+        row_off, tile, mask2 = _tile_at(slot64, h, rows, rmask, cols, cmask, HV, DV, DK)
         if TILES == 1:
             S = tl.load(s_ptr + tile, mask=mask2, other=0.0, eviction_policy=LOAD_EV).to(tl.float32)
             S, o = _eager_tile(S, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols, cmask,
@@ -644,9 +648,7 @@ def _gdn_replay_eager_kernel(
         tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
     else:
         slot64 = slot.to(tl.int64)
-        row_off = (slot64 * HV + h) * DV + rows
-        tile = row_off[:, None] * DK + cols[None, :]
-        mask2 = rmask[:, None] & cmask[None, :]
+        row_off, tile, mask2 = _tile_at(slot64, h, rows, rmask, cols, cmask, HV, DV, DK)
         S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8, LOAD_EV)
         word = tl.load(cur_ptr + slot64)
         n = word & _CUR_MASK
@@ -775,9 +777,7 @@ def _gdn_route_defer_kernel(
         tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
     else:
         slot64 = slot.to(tl.int64)
-        row_off = (slot64 * HV + h) * DV + rows
-        tile = row_off[:, None] * DK + cols[None, :]
-        mask2 = rmask[:, None] & cmask[None, :]
+        row_off, tile, mask2 = _tile_at(slot64, h, rows, rmask, cols, cmask, HV, DV, DK)
         S0 = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row_off, mask2, rmask, HI_FP8, LOAD_EV)
         word = tl.load(cur_ptr + slot64)
         ep_at = ep_ptr + (slot64 * HV + h) * NE + pid_v * EW
