@@ -365,8 +365,8 @@ def probes():
                     cfg = {"BLOCK_V": 4, "num_warps": 1, **({"maxnreg": regs} if regs else {})}
                     out.append(("route_regs", f"{model} b1 f32+bf16 replay-dual route 4x1 maxnreg {regs or '-'}",
                                 lambda m=model, c=cfg: time_route(m, "replay-dual", 1, 1, c)))
-    # session 31: the deferred route in closed form (S_n k, S_n q from S_0's products and the
-    # entries' scalars: one pass over the tile before the output, as eager's), batch 1-16
+    # session 31: the deferred route (its 4-, 8- and 16-row tiles) against eager and the table at
+    # batch 1-16; the closed forms and the evict-last entry were timed with it (probe_layers_s31a-e)
     for model in ("qwen3.5-4b", q122):
         for b in (1, 2, 4, 8, 16):
             tag = f"{model} b{b} f32"
@@ -381,8 +381,8 @@ def probes():
             for bv in (4, 16):
                 out.append(("defer2", f"{tag} replay-dual route k2 {bv}x1", lambda m=model, b=b, bv=bv:
                             time_route(m, "replay-dual", b, 2, {"BLOCK_V": bv, "num_warps": 1})))
-    # session 31: Mamba-2's every-step route at batch 1-2 (the step ahead of the branch on the
-    # cursor, each branch storing its own results) against our eager kernel, >= 1 GiB of layers
+    # session 31: Mamba-2's every-step route at batch 1-2 against our eager kernel, >= 1 GiB of
+    # layers (the route with its step ahead of the cursor's branch was timed with it: _s31f)
     for model in ("nemotron-3-nano-4b", "nemotron-3-super-120b-a12b"):
         d = get_model(model).ssm
         for b in (1, 2):
