@@ -20,6 +20,7 @@ replaybench.timing), with A and B interleaved over --rounds rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -35,7 +36,7 @@ import triton.language as tl  # noqa: E402
 from replayssm.triton import gdn as TK  # noqa: E402
 from replayssm.triton.gdn import _eager_tile  # noqa: E402
 from replaybench.models import get_model  # noqa: E402
-from replaybench.runners.kernel import Layer, _inputs  # noqa: E402
+from replaybench.runners.kernel import Layer, _inputs, layers_for  # noqa: E402
 from replaybench.scenario import TimingConfig  # noqa: E402
 from replaybench.timing import measure  # noqa: E402
 
@@ -160,15 +161,17 @@ def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None, conf
     return t.median_us
 
 
-def time_route(model_name, method, batch, route_k=None, route=None, steps=16, sd="float32"):
-    """us per step per layer of a replay method through the sweep's Layer objects, the table's
-    small-batch route row replaced by `route` (a dict: BLOCK_V, num_warps, maxnreg, ...) with
-    ROUTE_K = route_k (None: the row as shipped); eager methods as they are. Layers: >= 1 GiB of
-    fp32 state (at most 64), as the sweep lays them out; `steps` steps a sample (SAMPLE_STEPS)."""
-    model = get_model(model_name)
-    d = model.ssm
-    per_layer = batch * d.num_v_heads * d.head_v_dim * d.head_k_dim * 4
-    nl = max(1, min(64, -(-(1 << 30) // per_layer)))
+def sweep_layers(model_name, batch) -> int:
+    """The sweep's layer count for an fp32 state at this batch (runners.kernel.layers_for: >= 1
+    GiB of state, at most 64 layers)."""
+    return layers_for(batch * get_model(model_name).state_bytes_per_layer(), "cuda")
+
+
+@contextlib.contextmanager
+def patched_route(batch, route_k=None, route=None):
+    """Within the block, the GDN table's small-batch route row replaced by `route` (a dict:
+    BLOCK_V, num_warps, maxnreg, ...; None: the row's own) with ROUTE_K = route_k, and covering
+    `batch`; both None: the row as shipped. The table is restored after."""
     rows = TK.CONFIGS["replay"]
     saved = list(rows)
     try:
@@ -179,9 +182,20 @@ def time_route(model_name, method, batch, route_k=None, route=None, steps=16, sd
                 opts["ROUTE_K"] = route_k
             bv, nw = opts.pop("BLOCK_V", rows[i][1]), opts.pop("num_warps", rows[i][2])
             rows[i] = (max(rows[i][0], batch), bv, nw, opts)
-        return time_layers(model_name, method, "vllm" if method == "vllm-eager" else "triton", batch, sd, nl, steps)
+        yield
     finally:
         rows[:] = saved
+
+
+def time_route(model_name, method, batch, route_k=None, route=None, steps=16, sd="float32"):
+    """us per step per layer of a replay method through the sweep's Layer objects, the table's
+    small-batch route row replaced by `route` (a dict: BLOCK_V, num_warps, maxnreg, ...) with
+    ROUTE_K = route_k (None: the row as shipped; patched_route); eager methods as they are.
+    Layers: >= 1 GiB of fp32 state (at most 64), as the sweep lays them out; `steps` steps a
+    sample (SAMPLE_STEPS)."""
+    with patched_route(batch, route_k, route):
+        return time_layers(model_name, method, "vllm" if method == "vllm-eager" else "triton", batch, sd,
+                           sweep_layers(model_name, batch), steps)
 
 
 def _power_w() -> float:
@@ -384,9 +398,8 @@ def probes():
     # session 31: Mamba-2's every-step route at batch 1-2 against our eager kernel, >= 1 GiB of
     # layers (the route with its step ahead of the cursor's branch was timed with it: _s31f)
     for model in ("nemotron-3-nano-4b", "nemotron-3-super-120b-a12b"):
-        d = get_model(model).ssm
         for b in (1, 2):
-            nl = max(1, min(64, -(-(1 << 30) // (b * d.nheads * d.head_dim * d.d_state * 4))))
+            nl = sweep_layers(model, b)
             for method in ("eager", "replay", "replay-dual"):
                 out.append(("m2route", f"{model} b{b} f32 {method}", lambda m=model, b=b, n=nl, me=method:
                             time_layers(m, me, "triton", b, "float32", n, 16)))

@@ -11,8 +11,7 @@ Stop), so each launch's gpu__time_duration can be grouped by step (launch i // l
       --metrics gpu__time_duration.sum --csv python3 tools/probe_route_steps.py qwen3.5-4b replay 1 --route-k 2
   python3 tools/probe_route_steps.py --summarise ncu.csv --layers 64
 
-(--route-k / --block-v / --warps patch the table's small-batch route row as tools/probe_layers.py's
-time_route does.)"""
+(--route-k with --block-v / --warps patch the table's small-batch route row: probe_layers.patched_route.)"""
 from __future__ import annotations
 
 import argparse
@@ -27,33 +26,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def run(a) -> None:
     import torch
-    from probe_layers import TK, get_model, Layer, _inputs
+    from probe_layers import get_model, Layer, _inputs, patched_route, sweep_layers
     model = get_model(a.model)
-    d = model.ssm
-    per_layer = a.batch * d.num_v_heads * d.head_v_dim * d.head_k_dim * 4
-    nl = max(1, min(64, -(-(1 << 30) // per_layer)))
-    rows = TK.CONFIGS["replay"]
-    if a.route_k is not None:
-        i = next(j for j, r in enumerate(rows) if len(r) > 3 and r[3].get("EAGER_ROUTE"))
-        opts = {"EAGER_ROUTE": True, "ROUTE_K": a.route_k}
-        rows[i] = (max(rows[i][0], a.batch), a.block_v, a.warps, opts)
+    nl = sweep_layers(a.model, a.batch)
     gen = torch.Generator().manual_seed(3)
     lo = "bfloat16" if a.method == "replay-dual" else "none"
     kk = 16 if a.method.startswith("replay") else 0
-    layers = [Layer(model.op, d, a.method, "triton", a.batch, kk, kk, "float32", lo, "cuda", gen) for _ in range(nl)]
-    inp, params = _inputs(model.op, d, a.batch, "cuda", gen)
-    idx = torch.arange(a.batch, dtype=torch.int32, device="cuda")
-    for _ in range(a.warm):
-        for lay in layers:
-            lay.step(inp, params, idx)
-    torch.cuda.synchronize()
-    print(f"# {a.model} {a.method} b{a.batch} route_k {a.route_k} layers {nl}", file=sys.stderr)
-    torch.cuda.cudart().cudaProfilerStart()
-    for _ in range(a.steps):
-        for lay in layers:
-            lay.step(inp, params, idx)
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    route = {"BLOCK_V": a.block_v, "num_warps": a.warps} if a.route_k is not None else None
+    with patched_route(a.batch, a.route_k, route):
+        layers = [Layer(model.op, model.ssm, a.method, "triton", a.batch, kk, kk, "float32", lo, "cuda", gen)
+                  for _ in range(nl)]
+        inp, params = _inputs(model.op, model.ssm, a.batch, "cuda", gen)
+        idx = torch.arange(a.batch, dtype=torch.int32, device="cuda")
+        for _ in range(a.warm):
+            for lay in layers:
+                lay.step(inp, params, idx)
+        torch.cuda.synchronize()
+        print(f"# {a.model} {a.method} b{a.batch} route_k {a.route_k} layers {nl}", file=sys.stderr)
+        torch.cuda.cudart().cudaProfilerStart()
+        for _ in range(a.steps):
+            for lay in layers:
+                lay.step(inp, params, idx)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
 
 
 def summarise(path: str, layers: int, label: str) -> None:
