@@ -34,6 +34,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from replayssm.triton import gdn as TK  # noqa: E402
+from replayssm.triton import mamba2 as MK  # noqa: E402
+from replayssm.triton.common import softplus  # noqa: E402
 from replayssm.triton.gdn import _eager_tile  # noqa: E402
 from replaybench.models import get_model  # noqa: E402
 from replaybench.runners.kernel import Layer, _inputs, layers_for  # noqa: E402
@@ -155,6 +157,73 @@ def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None, conf
         for _ in range(steps):
             for kern, grid, args, meta in plans:
                 kern[grid](*args, **meta)
+    t = measure(sample, DEV, TIMING, per=steps * nl)
+    del layers, plans
+    torch.cuda.empty_cache()
+    return t.median_us
+
+
+@triton.jit
+def _m2_eager_probe_kernel(
+    st_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    P, N, HPG,
+    s_st_s, s_st_h, s_st_p,
+    s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
+    BLOCK_P: tl.constexpr, ROW_CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
+    STORE_STATE: tl.constexpr = True,
+):
+    """replayssm's Mamba-2 _eager_kernel (session 32's start) with STORE_STATE False: without
+    the state store (what the write costs at batch 1-2; the update is kept live through y)."""
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    g = h // HPG
+    slot, live = MK._slot_of(idx_ptr, b, HAS_IDX)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    Dh = tl.load(D_ptr + h).to(tl.float32)
+    dt_v = softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
+    a = tl.exp(dt_v * A)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = (offs_n < N) & live
+    Bv = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    st_base = slot * s_st_s + h * s_st_h
+    for c in tl.static_range(ROW_CHUNKS):
+        offs_p = (pid_p * ROW_CHUNKS + c) * BLOCK_P + tl.arange(0, BLOCK_P)
+        in_p = offs_p < P
+        mask_p = in_p & live
+        mask = mask_p[:, None] & mask_n[None, :]
+        xv = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+        S = MK._load_state(st_ptr, st_ptr, st_base, 0, offs_p, offs_n, s_st_p, mask, mask_p, False, EVICT)
+        S = a * S + (dt_v * xv)[:, None] * Bv[None, :]
+        if STORE_STATE:
+            MK._store_state(st_ptr, st_ptr, st_base, 0, offs_p, offs_n, s_st_p, mask, mask_p, S, False, EXACT,
+                            EVICT)
+        MK._finish_y(tl.sum(S * Cv[None, :], axis=1), xv, Dh, z_ptr + b * s_z_b + h * s_z_h,
+                     y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
+
+
+def time_m2_eager(model_name, batch, store=True, steps=16):
+    """us per step per layer of the Mamba-2 eager step as the probe copy (store False: without
+    its state store), fp32, the sweep's layer count."""
+    model = get_model(model_name)
+    gen = torch.Generator().manual_seed(3)
+    nl = sweep_layers(model_name, batch)
+    layers = [Layer(model.op, model.ssm, "eager", "triton", batch, 0, 0, "float32", "none", DEV, gen)
+              for _ in range(nl)]
+    inp, params = _inputs(model.op, model.ssm, batch, DEV, gen)
+    idx = torch.arange(batch, dtype=torch.int32, device=DEV)
+    y = torch.empty_like(inp["x"])
+    plans = []
+    for lay in layers:
+        (ln,), _ = MK.plan_eager_step(lay.state, **inp, **params, state_indices=idx, out=y)
+        plans.append((ln.grid, ln.args, dict(ln.meta, STORE_STATE=store)))
+
+    def sample():
+        for _ in range(steps):
+            for grid, args, meta in plans:
+                _m2_eager_probe_kernel[grid](*args, **meta)
     t = measure(sample, DEV, TIMING, per=steps * nl)
     del layers, plans
     torch.cuda.empty_cache()
@@ -403,6 +472,18 @@ def probes():
             for method in ("eager", "replay", "replay-dual"):
                 out.append(("m2route", f"{model} b{b} f32 {method}", lambda m=model, b=b, n=nl, me=method:
                             time_layers(m, me, "triton", b, "float32", n, 16)))
+    # session 32: what the Mamba-2 eager step's state write costs at batch 1-4 (a route that
+    # writes the state every other step would save up to that on its other steps)
+    for model in ("nemotron-3-nano-4b", "nemotron-3-super-120b-a12b"):
+        for b in (1, 2, 4):
+            nl = sweep_layers(model, b)
+            out.append(("m2nostore", f"{model} b{b} f32 eager", lambda m=model, b=b, n=nl:
+                        time_layers(m, "eager", "triton", b, "float32", n, 16)))
+            out.append(("m2nostore", f"{model} b{b} f32 eager-probe", lambda m=model, b=b: time_m2_eager(m, b)))
+            out.append(("m2nostore", f"{model} b{b} f32 eager-nostore", lambda m=model, b=b:
+                        time_m2_eager(m, b, store=False)))
+            out.append(("m2nostore", f"{model} b{b} f32 replay", lambda m=model, b=b, n=nl:
+                        time_layers(m, "replay", "triton", b, "float32", n, 16)))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -418,7 +499,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore, "
-                                               "defer, defer_tiles, route_regs, defer2, m2route)")
+                                               "defer, defer_tiles, route_regs, defer2, m2route, m2nostore)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}
