@@ -228,7 +228,7 @@ def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str,
 
 def route_period(case, model) -> int:
     """The period of the small-batch route the Triton replay step takes at this case's shape
-    (0: it buffers; the kernel library's tables decide: GDN's ROUTE_K, Mamba-2's 1). The kernel
+    (0: it buffers; the kernel library's tables decide: GDN's ROUTE_K, Mamba-2's route_k). The kernel
     runner records it with each replay row (`route_period`)."""
     if getattr(case, "backend", "") != "triton":
         return 0
@@ -238,9 +238,9 @@ def route_period(case, model) -> int:
         from replayssm.triton.gdn import route_period   # the kernel library's table (needs triton)
         return route_period(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read,
                             case.flush_period, dual=dual, heads=model.ssm.num_v_heads)
-    from replayssm.triton.mamba2 import takes_eager_route
-    return int(takes_eager_route(model.ssm.head_dim, read, case.batch, model.ssm.nheads, dual,
-                                 DTYPE_BYTES[case.state_dtype]))
+    from replayssm.triton.mamba2 import route_period as m2_route_period
+    return m2_route_period(model.ssm.head_dim, read, case.batch, model.ssm.nheads, case.flush_period, dual,
+                           DTYPE_BYTES[case.state_dtype])
 
 
 def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:

@@ -230,6 +230,22 @@ def time_m2_eager(model_name, batch, store=True, steps=16):
     return t.median_us
 
 
+def time_m2_route(model_name, method, batch, route_k=None, block_p=None, warps=None, steps=16):
+    """us per step per layer of a Mamba-2 replay method through the sweep's Layer objects, with
+    the small-batch route forced (OVERRIDE["replay"]: route "eager", route_k, block_p x warps;
+    None: the table's row as shipped), the sweep's layer count."""
+    saved = dict(MK.OVERRIDE.get("replay", {}))
+    try:
+        if route_k is not None:
+            ov = dict(route="eager", route_k=route_k)
+            if block_p is not None:
+                ov.update(block_p=block_p, warps=warps)
+            MK.OVERRIDE["replay"] = ov
+        return time_layers(model_name, method, "triton", batch, "float32", sweep_layers(model_name, batch), steps)
+    finally:
+        MK.OVERRIDE["replay"] = saved
+
+
 def sweep_layers(model_name, batch) -> int:
     """The sweep's layer count for an fp32 state at this batch (runners.kernel.layers_for: >= 1
     GiB of state, at most 64 layers)."""
@@ -484,6 +500,27 @@ def probes():
                         time_m2_eager(m, b, store=False)))
             out.append(("m2nostore", f"{model} b{b} f32 replay", lambda m=model, b=b, n=nl:
                         time_layers(m, "replay", "triton", b, "float32", n, 16)))
+    # session 32: Mamba-2's deferred route (route_k: the state written every k-th step, the
+    # entries between appended to the buffer) against our eager kernel and the every-step route
+    for model, tiles in (("nemotron-3-nano-4b", ((8, 1), (16, 2), (16, 4))),
+                         ("nemotron-3-super-120b-a12b", ((32, 8), (16, 4), (64, 8)))):
+        for b in (1, 2, 4):
+            tag = f"{model} b{b} f32"
+            nl = sweep_layers(model, b)
+            out.append(("m2defer", f"{tag} eager", lambda m=model, b=b, n=nl:
+                        time_layers(m, "eager", "triton", b, "float32", n, 16)))
+            out.append(("m2defer", f"{tag} replay table", lambda m=model, b=b: time_m2_route(m, "replay", b)))
+            bp, nw = tiles[0]
+            for k in (1, 2, 3, 4):
+                out.append(("m2defer", f"{tag} replay route k{k} {bp}x{nw}", lambda m=model, b=b, k=k, bp=bp, nw=nw:
+                            time_m2_route(m, "replay", b, k, bp, nw)))
+            for bp2, nw2 in tiles[1:]:
+                out.append(("m2defer", f"{tag} replay route k2 {bp2}x{nw2}", lambda m=model, b=b, bp=bp2, nw=nw2:
+                            time_m2_route(m, "replay", b, 2, bp, nw)))
+            out.append(("m2defer", f"{tag}+bf16 replay-dual table", lambda m=model, b=b:
+                        time_m2_route(m, "replay-dual", b)))
+            out.append(("m2defer", f"{tag}+bf16 replay-dual route k2 {bp}x{nw}", lambda m=model, b=b, bp=bp, nw=nw:
+                        time_m2_route(m, "replay-dual", b, 2, bp, nw)))
     for model in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
         out.append(("nostore", f"{model} b1 float32 eager", lambda m=model: time_layers(m, "eager", "triton", 1,
                                                                                          "float32", 64, 16)))
@@ -499,7 +536,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default="", help="comma list of probe names (layers, b512, b512ab, dense, tiles, nostore, "
-                                               "defer, defer_tiles, route_regs, defer2, m2route, m2nostore)")
+                                               "defer, defer_tiles, route_regs, defer2, m2route, m2nostore, m2defer)")
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds: start no probe after this")
     a = ap.parse_args()
     only = {s for s in a.only.split(",") if s}

@@ -48,9 +48,9 @@ def _count_eager(counter: ByteCounter, state, x, dt, B, C, z, state_indices) -> 
     counter.steps += 1
 
 
-def _count_replay(rs: Mamba2ReplayState, x, dt, B, C, z, state_indices, route: bool) -> None:
-    """Same accounting as reference.mamba2_replay_step (route: the small-batch route's); call
-    before the kernel (reads cursors)."""
+def _count_replay(rs: Mamba2ReplayState, x, dt, B, C, z, state_indices, route: int) -> None:
+    """Same accounting as reference.mamba2_replay_step (route: the small-batch route's period,
+    0: none); call before the kernel (reads cursors)."""
     rows, slots = _live_slots(state_indices, x.shape[0], x.device)
     if len(rows) == 0:
         return
@@ -95,8 +95,8 @@ def replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state
         if not advance_cursor:
             raise ValueError("advance_cursor=False needs backend='triton'")
         return into(out, ref.mamba2_replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices))
-    if rs.counter is not None:   # the eager route flushes at every step
-        _count_replay(rs, x, dt, B, C, z, state_indices, advance_cursor and _tk().state_takes_eager_route(rs, x))
+    if rs.counter is not None:   # the small-batch route flushes every k-th step
+        _count_replay(rs, x, dt, B, C, z, state_indices, _tk().state_route_period(rs, x) if advance_cursor else 0)
     return _tk().replay_step(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, advance=advance_cursor, out=out)
 
 

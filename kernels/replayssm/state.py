@@ -29,10 +29,10 @@ sequence, a verify rewrites the copy and clears the bit first, a flush writes bo
 (reference.py implements the same). Any op that stores a new cursor clears the bit and the
 epoch. Read the count with ``rs.entries(slots)``, never ``rs.cursor`` raw.
 
-The route's epoch (GDN, k >= 2): one program of the route's launch moves the cursor with a
+The route's epoch (period k >= 2, both families): one program of the route's launch moves the cursor with a
 plain store while the others may still be about to read it, and no ticket says when all have
 read. So every program keeps the epoch it last saw in ``route_epoch`` (one byte per 4 rows of a
-head: a program owns whole 4-row groups), and the word the route stores carries the next epoch
+head, GDN's value rows or Mamba-2's head-dim rows: a program owns whole 4-row groups), and the word the route stores carries the next epoch
 (1..127, never 0). A program reading the word then knows whether it sees the value before the
 launch (its epoch) or the value a sibling of this launch stored (the next epoch; the route's
 transition n -> (n + 1) mod k then gives the count before). A word any other op stored has
@@ -180,8 +180,8 @@ class ReplayStateBase:
     # a small-batch route step has run on this dual state, so low copies may be stale (LO_STALE):
     # the Triton verify then refreshes them first (host-side: graph-safe, set before capture)
     routed: bool = field(default=False)
-    # a deferred small-batch route step (GDN, period >= 2) has run: cursor words may carry its
-    # epoch bits, which the Triton verify does not mask: it clears them first (host-side, as routed)
+    # a deferred small-batch route step (period >= 2) has run: cursor words may carry its epoch
+    # bits, which the Triton verify does not mask: it clears them first (host-side, as routed)
     deferred: bool = field(default=False)
 
     def entries(self, slots=None) -> torch.Tensor:
@@ -233,11 +233,14 @@ class Mamba2ReplayState(ReplayStateBase):
     x:  [S, L, H, P]  activation dtype: buffered inputs
     B:  [S, L, G, N]  activation dtype: buffered input projections (per group)
     dt: [S, L, H]     float32 (float64 in exact runs): softplus(dt_raw + dt_bias) of each entry
+    route_epoch: [S, H, ceil(P / EPOCH_ROWS)] int8: the small-batch route's epochs (module
+                  docstring), one per 4-row group of a head; 0 = none seen
     """
 
     x: torch.Tensor = None
     B: torch.Tensor = None
     dt: torch.Tensor = None
+    route_epoch: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
@@ -258,7 +261,9 @@ class Mamba2ReplayState(ReplayStateBase):
                    flush_period=flush_period, mode=mode, counter=counter,
                    x=torch.zeros(slots, buffer_len, nheads, head_dim, dtype=act, device=device),
                    B=torch.zeros(slots, buffer_len, n_groups, d_state, dtype=act, device=device),
-                   dt=torch.zeros(slots, buffer_len, nheads, dtype=dt_dtype, device=device))
+                   dt=torch.zeros(slots, buffer_len, nheads, dtype=dt_dtype, device=device),
+                   route_epoch=torch.zeros(slots, nheads, -(-head_dim // EPOCH_ROWS), dtype=torch.int8,
+                                           device=device))
 
 
 @dataclass

@@ -1,16 +1,19 @@
 """@triton.jit helpers shared by the kernel modules (triton/mamba2.py, gdn.py, perdraft.py):
 the dt softplus and SiLU of the reference, stores that round exactly like the GPU also under
 Triton's CPU interpreter, prefetch hints, the programmatic-dependent-launch waits and releases,
-and a speculative commit's cursor move."""
+a speculative commit's cursor move, and the deferred small-batch route's cursor word."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..state import CURSOR_MASK
+from ..state import CURSOR_MASK, EPOCH_SHIFT, LO_STALE
 
 _CURSOR_MASK = tl.constexpr(CURSOR_MASK)
+_EPOCH_SHIFT = tl.constexpr(EPOCH_SHIFT)
+_STALE_BIT = tl.constexpr(LO_STALE)
+_EPOCH_ONE = tl.constexpr(1 << EPOCH_SHIFT)     # the route's word after a ticket: epoch 1, count 0
 
 
 @triton.jit
@@ -139,3 +142,48 @@ def list_commit_rows(idx_ptr, add_ptr, cur_ptr, lst_ptr, batch, K, BLOCK_B: tl.c
     rank = tl.cumsum(fl.to(tl.int32), 0) - 1
     tl.store(lst_ptr + rank, (bb << 16) | (m - 1 if LAST else m), mask=fl)
     tl.store(lst_ptr + batch, tl.sum(fl.to(tl.int32), 0))
+
+
+# ----------------------------------------------------------------------------- the deferred route's word
+@triton.jit
+def route_word(word, ep, RK: tl.constexpr):
+    """A deferred small-batch route program's reading of its sequence's cursor word (state.py,
+    "the route's epoch"; period RK >= 2). word: as loaded at the top of the launch; ep: the
+    epoch this program last saw (its route_epoch byte). Returns (fast, n, nw, e_next):
+    e_next = ep % 127 + 1, the epoch this launch stores; nw, the word's count; fast: the word is
+    the route's own, either from before the launch (its epoch is ep and nw < RK) or the one a
+    sibling of this launch has already stored (epoch e_next: n = the count before it, as the
+    route moves n -> (n + 1) mod RK), and n the count this step is taken at; else (epoch 0:
+    another op stored the word; or a stale epoch) the rare path, which takes tickets."""
+    e = (word >> _EPOCH_SHIFT) & 127
+    nw = word & _CURSOR_MASK
+    e_next = ep % 127 + 1
+    late = e == e_next
+    fast = late | ((e != 0) & (e == ep) & (nw < RK))
+    n = tl.where(late, (nw + RK - 1) % RK, tl.minimum(nw, RK - 1))
+    return fast, n, nw, e_next
+
+
+@triton.jit
+def route_next_word(n, e_next, RK: tl.constexpr, DUAL: tl.constexpr):
+    """The word the fast path's one storing program writes after a step taken at count n:
+    epoch e_next, count (n + 1) mod RK, and LO_STALE for dual states (the route writes the high
+    copy alone)."""
+    w = (e_next << _EPOCH_SHIFT) | tl.where(n + 1 >= RK, 0, n + 1)
+    if DUAL:
+        w = w | _STALE_BIT
+    return w
+
+
+@triton.jit
+def route_ticket(ptr, nprog, nw, RK: tl.constexpr, DUAL: tl.constexpr):
+    """The rare path's cursor move at ptr (the sequence's word), after a step taken at count
+    nw: a ticket each (ptr's bits 16 and up); the program drawing the last of nprog stores
+    epoch 1 with count nw + 1 (0 where nw + 1 >= RK: the step wrote the state) and LO_STALE
+    for dual states. Every program read the word before its ticket, so all took this path."""
+    old = tl.atomic_add(ptr, 1 << 16, sem="relaxed")
+    first = _EPOCH_ONE + tl.where(nw + 1 >= RK, 0, nw + 1)
+    if DUAL:
+        first = first | _STALE_BIT
+    if (old >> 16) == nprog - 1:
+        tl.atomic_xchg(ptr, first, sem="relaxed")

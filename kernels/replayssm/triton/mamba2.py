@@ -54,9 +54,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..state import CURSOR_MASK, LO_STALE
-from .common import cast, clear_lo_stale_kernel, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint, silu, \
-    softplus
+from ..state import CURSOR_MASK, EPOCH_ROWS, LO_STALE
+from .common import cast, clear_lo_stale_kernel, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint, \
+    route_next_word, route_ticket, route_word, silu, softplus
 from .launch import Launch, cache_lines, last_contig, out_like, pdl_meta, state_scratch, tma_rows
 from .mma import bf16_split3, mma_acc, mma_precision
 from .offline import compile_launch
@@ -158,6 +158,10 @@ VERIFY_TMA = {(4, "large")}
 #            off: b256 fp32 lean step 341 us with pf 1 or 2 vs 324 (Super), 324 vs 308 (Nano);
 #            fp8 dual 427 vs 318 (Super) (session 9, tools/tune_mamba2.py -pf1 / -pf2).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
+#   route_k  route "eager" only: its period k (an int 1..127, at most the flush period counts):
+#            the state written at every k-th step (_replay_defer_kernel, k >= 2; the steps
+#            between append their entry, and the next folds it) instead of at every step
+#            (_replay_eager_kernel, k = 1). reference.mamba2_replay_step's `route`.
 # Route batches <= ROUTE_BATCH[bytes] as the table's "route" rows say (where given). False: those rows
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at
 # batch 1). OVERRIDE still wins.
@@ -176,7 +180,7 @@ ROUTE_BATCH = {4: 2, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None)
+                       maxnreg=None, pf=0, bc=False, pdl=None, route_k=1)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -360,11 +364,17 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
         raise ValueError(f"unknown replay route {v['route']!r}; allowed: fused, split, eager")
     if v["pf"] not in (0, 1, 2):
         raise ValueError(f"replay pf {v['pf']!r}: allowed 0 (none), 1 (into L2), 2 (into L1)")
+    rk = v["route_k"]
+    if type(rk) is not int or not 1 <= rk <= 127:     # (not a bool: True is an int)
+        raise ValueError(f"replay route_k={rk!r}: allowed an int 1..127")
+    if rk > 1 and rows % EPOCH_ROWS:
+        raise ValueError(f"replay block_p={rows} with route_k={rk}: allowed multiples of {EPOCH_ROWS} "
+                         "(state.EPOCH_ROWS)")
     return {"block_p": rows, "warps": v["warps"], "route": v["route"], "early": bool(v["early"]),
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
             "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
-            "pdl": PDL if v["pdl"] is None else bool(v["pdl"])}
+            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "route_k": rk}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -534,8 +544,8 @@ def _eager_kernel(
 def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr, STALE: tl.constexpr):
     """This program's view of cursor[slot]: (n, stale), (0, False) for a padded row; stale:
     the LO_STALE bit (a dual state's low copy is stale, so the step flushes). STALE: a dual
-    state, whose word may carry the bit; other states' never does, and their code reads the
-    count as it is (the same instructions as before the bit existed: no cost on their path).
+    state, whose word may carry the bit. Any state's word may carry the deferred route's epoch
+    (bits 8-14, state.py), so the count is always masked out of it.
 
     TICKET: every program of the sequence reads the cursor with one relaxed
     atomic_add(cursor, 1 << 16) (low 16 bits: the cursor word; high bits: programs that have
@@ -545,11 +555,11 @@ def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr, STALE: tl.
     _cursor_kernel launch, or the caller's advance_cursors, moves it later)."""
     if TICKET:
         t = tl.atomic_add(cur_ptr + slot, 65536, mask=live, sem="relaxed")
-        n = tl.where(live, t & (_CUR_MASK if STALE else 65535), 0)
+        n = tl.where(live, t & _CUR_MASK, 0)
         last = live & ((t >> 16) == NPROG - 1)
     else:
         t = tl.load(cur_ptr + slot, mask=live, other=0)
-        n = t & _CUR_MASK if STALE else t
+        n = t & _CUR_MASK
     if STALE:
         stale = live & ((t & _LO_STALE) != 0)
         new = tl.where((n + 1 >= K) | stale, 0, n + 1)
@@ -801,7 +811,7 @@ def _replay_flush_kernel(
     b = tl.program_id(2).to(tl.int64)
     slot, live = _slot_of(idx_ptr, b, HAS_IDX)
     word = tl.load(cur_ptr + slot, mask=live, other=1)
-    n = word & _CUR_MASK if HAS_LO else word     # (other states' words carry no LO_STALE bit)
+    n = word & _CUR_MASK     # (LO_STALE, the deferred route's epoch)
     if ADVANCED:
         do = live & (n == 0)
         nf = K
@@ -918,6 +928,125 @@ def _replay_eager_kernel(
               offs_p, mask_p, in_p, HAS_Z, EXACT)
 
 
+@triton.jit
+def _replay_defer_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    cur_ptr, ep_ptr, bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr,
+    P, N, HPG, NPROG,
+    s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
+    s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
+    s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, CAP: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_IDX: tl.constexpr, HI_SCALE: tl.constexpr, HAS_LO: tl.constexpr,
+    EXACT: tl.constexpr, EVICT: tl.constexpr, RK: tl.constexpr, EP_ROWS: tl.constexpr,
+):
+    """The small-batch route with period RK >= 2 ("route_k"): the state written at every RK-th
+    step only. One [BLOCK_P, N] tile of the HIGH checkpoint per program, as the eager route
+    (_replay_eager_kernel); at count n < RK the tile gets buffer entries 0..n-1 folded in
+    (S <- exp(dt_i A) S + dt_i x_i B_i^T, the inputs as buffered), then this step's entry
+    (rounded as the buffer stores it): y = S' C (+ D x, * silu z); n + 1 = RK: S' written,
+    count 0; else the entry appended at row n (as the buffered step appends it), count n + 1.
+    So the route moves the state's read and 1/RK of its write a step, against eager's read and
+    write; its entries are plain buffer entries, which every other op folds as its own.
+
+    The cursor moves without a ticket (state.py, "the route's epoch"; common.route_word):
+    program (0, 0) of the sequence stores the next word (common.route_next_word), every program
+    its epoch (ep_ptr: route_epoch [S, H, ceil(P / EP_ROWS)], one byte per EP_ROWS rows). Any
+    other word takes the rare path: the tile re-read, entries 0..nw-1 folded, this step, S'
+    written or the entry appended at nw, and a ticket each (common.route_ticket). The steady step
+    is computed ahead of the branch on the path. Dual (HAS_LO): the high copy alone; the words
+    carry LO_STALE (the next buffered step flushes, a verify refreshes the low copy first)."""
+    tl.static_assert(BLOCK_P % EP_ROWS == 0, "BLOCK_P: a multiple of EP_ROWS (state.EPOCH_ROWS)")
+    EW: tl.constexpr = BLOCK_P // EP_ROWS
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    g = h // HPG
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    in_p = offs_p < P
+    offs_n = tl.arange(0, BLOCK_N)
+    in_n = offs_n < N
+    z_row = z_ptr + b * s_z_b + h * s_z_h
+    y_row = y_ptr + b * s_y_b + h * s_y_h
+    if live:
+        mask = in_p[:, None] & in_n[None, :]
+        ck_base = slot * s_ck_s + h * s_ck_h
+        sc_base = slot * s_sc_s + h * s_sc_h
+        S0 = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, in_p, HI_SCALE, EVICT)
+        word = tl.load(cur_ptr + slot)
+        ep_at = ep_ptr + (slot * tl.num_programs(1) + h) * ((P + EP_ROWS - 1) // EP_ROWS) + pid_p * EW
+        ep = tl.load(ep_at).to(tl.int32)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        Dh = tl.load(D_ptr + h).to(tl.float32)
+        dt_n = softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
+        dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as the buffer stores it
+        Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=in_n, other=0.0).to(tl.float32)
+        Bn_buf = cast(tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=in_n, other=0.0).to(tl.float32),
+                      bB_ptr.dtype.element_ty, EXACT)
+        x_in = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=in_p, other=0.0).to(tl.float32)
+        x_buf = cast(x_in, bx_ptr.dtype.element_ty, EXACT)
+        bx_base = slot * s_bx_s + h * s_bx_h
+        bB_base = slot * s_bB_s + g * s_bB_g
+        fast, n, nw, e_next = route_word(word, ep, RK)
+        # the steady step, whatever the path: entries 0..n-1 (n <= RK - 1) loaded whatever n is
+        # (rows at or past the count may hold anything: selected away, never multiplied in)
+        S = S0
+        for i in tl.static_range(RK - 1):
+            dt_i = tl.load(bdt_ptr + slot * s_bdt_s + i * s_bdt_l + h).to(tl.float32)
+            x_i = tl.load(bx_ptr + bx_base + i * s_bx_l + offs_p, mask=in_p, other=0.0).to(tl.float32)
+            B_i = tl.load(bB_ptr + bB_base + i * s_bB_l + offs_n, mask=in_n, other=0.0).to(tl.float32)
+            S = tl.where(i < n, tl.exp(dt_i * A) * S + (dt_i * x_i)[:, None] * B_i[None, :], S)
+        S = tl.exp(dt_n * A) * S + (dt_n * x_buf.to(tl.float32))[:, None] * Bn_buf.to(tl.float32)[None, :]
+        ep_new = e_next
+        if fast:
+            _defer_finish(S, n, x_in, x_buf, Bn_buf, dt_n, Cv, Dh, z_row, y_row, bx_ptr, bB_ptr, bdt_ptr, hi_ptr,
+                          hi_sc_ptr, ck_base, sc_base, bx_base, bB_base, slot, s_bx_l, s_bB_l, s_bdt_s, s_bdt_l,
+                          s_ck_p, h, HPG, offs_p, in_p, offs_n, in_n, mask, HAS_Z, HI_SCALE, EXACT, EVICT, RK)
+            if (pid_p == 0) & (h == 0):
+                tl.store(cur_ptr + slot, route_next_word(n, e_next, RK, HAS_LO))
+        else:
+            # the rare path: the step again from the tile as stored (nothing is written before
+            # this branch) with every entry the word counts folded in, in order
+            S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, in_p, HI_SCALE, EVICT)
+            for j in range(CAP):
+                if j < nw:
+                    dt_j = tl.load(bdt_ptr + slot * s_bdt_s + j * s_bdt_l + h).to(tl.float32)
+                    x_j = tl.load(bx_ptr + bx_base + j * s_bx_l + offs_p, mask=in_p, other=0.0).to(tl.float32)
+                    B_j = tl.load(bB_ptr + bB_base + j * s_bB_l + offs_n, mask=in_n, other=0.0).to(tl.float32)
+                    S = tl.exp(dt_j * A) * S + (dt_j * x_j)[:, None] * B_j[None, :]
+            S = tl.exp(dt_n * A) * S + (dt_n * x_buf.to(tl.float32))[:, None] * Bn_buf.to(tl.float32)[None, :]
+            _defer_finish(S, nw, x_in, x_buf, Bn_buf, dt_n, Cv, Dh, z_row, y_row, bx_ptr, bB_ptr, bdt_ptr, hi_ptr,
+                          hi_sc_ptr, ck_base, sc_base, bx_base, bB_base, slot, s_bx_l, s_bB_l, s_bdt_s, s_bdt_l,
+                          s_ck_p, h, HPG, offs_p, in_p, offs_n, in_n, mask, HAS_Z, HI_SCALE, EXACT, EVICT, RK)
+            route_ticket(cur_ptr + slot, NPROG, nw, RK, HAS_LO)
+            ep_new = 1
+        ew = tl.arange(0, EW)
+        tl.store(ep_at + ew, tl.full([EW], 0, tl.int8) + ep_new.to(tl.int8), mask=pid_p * BLOCK_P + ew * EP_ROWS < P)
+    else:
+        tl.store(y_row + offs_p, cast(tl.zeros([BLOCK_P], tl.float32), y_ptr.dtype.element_ty, EXACT), mask=in_p)
+
+
+@triton.jit
+def _defer_finish(S, n, x_in, x_buf, Bn_buf, dt_n, Cv, Dh, z_row, y_row, bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr,
+                  ck_base, sc_base, bx_base, bB_base, slot, s_bx_l, s_bB_l, s_bdt_s, s_bdt_l, s_ck_p, h, HPG,
+                  offs_p, in_p, offs_n, in_n, mask, HAS_Z: tl.constexpr, HI_SCALE: tl.constexpr,
+                  EXACT: tl.constexpr, EVICT: tl.constexpr, RK: tl.constexpr):
+    """The deferred route's writes of a step taken at count n: n + 1 >= RK: the tile S to the
+    high copy; else entry n of the buffer (x: this program's rows; dt: row tile 0; B: row tile 0
+    of the group's first head). Then y [BLOCK_P]."""
+    if n + 1 >= RK:
+        _store_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, in_p, S, HI_SCALE, EXACT,
+                     EVICT)
+    else:
+        tl.store(bx_ptr + bx_base + n * s_bx_l + offs_p, x_buf, mask=in_p)
+        if tl.program_id(0) == 0:
+            tl.store(bdt_ptr + slot * s_bdt_s + n * s_bdt_l + h, dt_n)
+            if h % HPG == 0:
+                tl.store(bB_ptr + bB_base + n * s_bB_l + offs_n, Bn_buf, mask=in_n)
+    _finish_y(tl.sum(S * Cv[None, :], axis=1), x_in, Dh, z_row, y_row, offs_p, in_p, in_p, HAS_Z, EXACT)
+
+
 # ----------------------------------------------------------------------------- fold (flush / commit)
 @triton.jit
 def _fold_kernel(
@@ -963,7 +1092,7 @@ def _fold_kernel(
         live = slot >= 0
         slot = tl.maximum(slot, 0)
         word = tl.load(cur_ptr + slot, mask=live, other=0)
-        n = word & _CUR_MASK if HAS_LO else word     # (other states' words carry no LO_STALE bit)
+        n = word & _CUR_MASK     # (LO_STALE, the deferred route's epoch)
         if HAS_ACC:
             n = n + tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32)
             do = n >= THRESH
@@ -1320,7 +1449,8 @@ def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
     MODE 0 (step):   n + 1 >= K or stale ? 0 : n + 1   (stale: LO_STALE, the step flushed)
     MODE 1 (commit): n + accepted >= K ? 0 : n + accepted
     MODE 2 (flush):  0
-    STALE: the state is dual (its words may carry LO_STALE; others' are read as they are)."""
+    STALE: the state is dual (its words may carry LO_STALE). Counts are masked out of the
+    words (the deferred route's epoch)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < rows
     if HAS_IDX:
@@ -1330,7 +1460,7 @@ def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
     live = m & (slot >= 0)
     slot = tl.maximum(slot, 0)
     word = tl.load(cur_ptr + slot, mask=live, other=0)
-    n = word & _CUR_MASK if STALE else word
+    n = word & _CUR_MASK
     if MODE == 0:
         n = n + 1
         if STALE:
@@ -1547,8 +1677,25 @@ def state_takes_eager_route(rs, x) -> bool:
                              _state_bytes(rs.hi))
 
 
+def route_period(P: int, read_bytes: int, batch: int, nheads: int, flush_period: int, dual: bool = False,
+                 hi_bytes: int = 4) -> int:
+    """The small-batch route's period k at this shape (0: the step buffers, not routed): the
+    route row's route_k (1: a flush at every step), at most the flush period. For traffic
+    models and byte counts (reference.mamba2_replay_step's `route`)."""
+    v = replay_variant(P, read_bytes, batch, nheads, dual, hi_bytes)
+    return min(v["route_k"], flush_period) if v["route"] == "eager" else 0
+
+
+def state_route_period(rs, x) -> int:
+    """route_period for an advancing step of `rs` with inputs x [b, H, P]."""
+    return route_period(x.shape[2], _state_bytes(rs.read_ckpt), x.shape[0], x.shape[1], rs.flush_period,
+                        rs.mode == "dual", _state_bytes(rs.hi))
+
+
 def _plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: dict):
-    """Launch of the eager route (_replay_eager_kernel), grid (cdiv(P, block_p), H, b)."""
+    """Launch of the small-batch route, grid (cdiv(P, block_p), H, b): route_k 1,
+    _replay_eager_kernel (a flush at every step); k >= 2 (at most the flush period),
+    _replay_defer_kernel (the state written every k-th step)."""
     bsz, H, P = x.shape
     N, G = B.shape[-1], B.shape[1]
     grid = (triton.cdiv(P, v["block_p"]), H, bsz)
@@ -1559,15 +1706,20 @@ def _plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: d
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
     rs.routed = rs.routed or rs.lo is not None     # its low copies may go stale: verify refreshes them first
+    rk = min(v["route_k"], rs.flush_period)
+    rs.deferred = rs.deferred or rk > 1     # its cursor words carry epochs: verify clears them first
+    strides = (x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+               zz.stride(0), zz.stride(1), y.stride(0), y.stride(1), *_buffer_strides(rs), *_ckpt_strides(rs))
+    meta = dict(BLOCK_P=v["block_p"], BLOCK_N=_np2(N), CAP=rs.capacity, HAS_Z=z is not None,
+                HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None,
+                EXACT=_interpreting(), EVICT=v["evict"], num_warps=v["warps"])
+    if rk > 1:
+        return _record(_replay_defer_kernel, grid)(
+            x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.route_epoch, rs.x, rs.B, rs.dt, hi_d, hi_s,
+            P, N, H // G, nprog, *strides, RK=rk, EP_ROWS=EPOCH_ROWS, **meta)
     return _record(_replay_eager_kernel, grid)(
         x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt, hi_d, hi_s,
-        P, N, H // G, nprog,
-        x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
-        zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
-        *_buffer_strides(rs), *_ckpt_strides(rs),
-        BLOCK_P=v["block_p"], BLOCK_N=_np2(N), CAP=rs.capacity, HAS_Z=z is not None,
-        HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None,
-        EXACT=_interpreting(), EVICT=v["evict"], num_warps=v["warps"])
+        P, N, H // G, nprog, *strides, **meta)
 
 
 def replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, advance=True, out=None):
@@ -1744,6 +1896,8 @@ def verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=None)
     launches, y = plan_verify(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out)
     if launches and rs.lo is not None and rs.routed:     # low copies the eager route left stale
         launches = plan_refresh_lo(rs, state_indices, x.shape[0]) + launches
+    elif launches and rs.deferred:     # the deferred route's epoch bits: the verify reads plain counts
+        launches = [_plan_clear_bits(rs, state_indices, x.shape[0])] + launches
     _run(launches)
     return y
 
@@ -1760,8 +1914,15 @@ def plan_refresh_lo(rs, state_indices, rows: int):
         idx, rs.cursor, hi_d, hi_s, lo_d, lo_s, P, N, *_ckpt_strides(rs),
         BLOCK_P=block_p, BLOCK_N=_np2(N), HAS_IDX=state_indices is not None, HI_SCALE=hi_has, LO_SCALE=lo_has,
         EXACT=_interpreting(), num_warps=1),
-        _record(clear_lo_stale_kernel, (1,))(idx, rs.cursor, rows, HAS_IDX=state_indices is not None,
-                                              BLOCK_B=_np2(rows), num_warps=4)]
+        _plan_clear_bits(rs, state_indices, rows)]
+
+
+def _plan_clear_bits(rs, state_indices, rows: int) -> Launch:
+    """Launch of common.clear_lo_stale_kernel over `rows` batch rows: their cursor words
+    reduced to the count (the LO_STALE bit and the deferred route's epoch cleared)."""
+    idx = state_indices if state_indices is not None else rs.cursor
+    return _record(clear_lo_stale_kernel, (1,))(idx, rs.cursor, rows, HAS_IDX=state_indices is not None,
+                                                 BLOCK_B=_np2(rows), num_warps=4)
 
 
 # ----------------------------------------------------------------------------- offline compile

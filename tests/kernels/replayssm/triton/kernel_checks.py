@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from replayssm.state import EPOCH_SHIFT
+
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 TOL_F32 = 1e-4        # fp32 outputs / state (the output-only route reorders sums)
@@ -31,3 +33,15 @@ def out_tol(act) -> float:
 def poisoned(like: torch.Tensor) -> torch.Tensor:
     """An output buffer full of NaN: any element a kernel does not write fails rel_err."""
     return torch.full_like(like, float("nan"))
+
+
+def random_rows(slots: int, batch: int, g, pad_p: float = 0.25) -> torch.Tensor:
+    """state_indices: distinct slots, some rows padded (-1)."""
+    idx = torch.randperm(slots, generator=g)[:batch].to(torch.int32)
+    idx[torch.rand(batch, generator=g) < pad_p] = -1
+    return idx.to(DEV)
+
+
+def epoch_of(c: torch.Tensor) -> torch.Tensor:
+    """The deferred small-batch route's epoch in cursor words c (state.py)."""
+    return (c >> EPOCH_SHIFT) & 127

@@ -28,7 +28,7 @@ from replayssm import inputs as I
 from replayssm import reference as R
 from replayssm.state import CURSOR_MASK, EPOCH_SHIFT, LO_STALE, ByteCounter, GDNReplayState
 
-from kernel_checks import CUDA, DEV, TOL_BF16_OUT, TOL_F32, gen, out_tol, poisoned, rel_err
+from kernel_checks import CUDA, DEV, TOL_BF16_OUT, TOL_F32, epoch_of, gen, out_tol, poisoned, random_rows, rel_err
 
 
 ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float8_e4m3fn: 2.0 ** -4}  # half ulp
@@ -123,13 +123,6 @@ def state_check(rs, rr, what: str) -> None:
             assert torch.equal(a, b), f"{what}: buffer {name} differs"
     assert rel_err(rs.u, rr.u) <= TOL_F32, f"{what}: buffer u rel err {rel_err(rs.u, rr.u):.3g}"
     resync(rs, rr)
-
-
-def random_rows(slots: int, batch: int, g, pad_p: float = 0.25) -> torch.Tensor:
-    """state_indices: distinct slots, some rows padded (-1)."""
-    idx = torch.randperm(slots, generator=g)[:batch].to(torch.int32)
-    idx[torch.rand(batch, generator=g) < pad_p] = -1
-    return idx.to(DEV)
 
 
 # ----------------------------------------------------------------------------- eager
@@ -813,10 +806,6 @@ ROUTE_MODES = [("replay", None, "float32"), ("dual", "bfloat16", "float32"), ("d
 ROUTE_IDS = ["f32", "dual-bf16", "dual-fp8", "bf16-state", "shared-fp8"]
 
 
-def _epoch(c: torch.Tensor) -> torch.Tensor:
-    return (c >> EPOCH_SHIFT) & 127
-
-
 @pytest.mark.parametrize("mode,lo,sd,rk", [(*m, 2) for m in ROUTE_MODES] + [(*ROUTE_MODES[i], 3) for i in (0, 1)],
                          ids=[f"{i}-2" for i in ROUTE_IDS] + [f"{ROUTE_IDS[i]}-3" for i in (0, 1)])
 def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk):
@@ -860,14 +849,14 @@ def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk):
         out[live] = False
         assert torch.equal(rs.cursor[out], before[out]), f"{mode} step {step}: a slot outside the batch moved"
         if how == "defer":   # every live slot's epoch: the next one where the word was the route's, else 1
-            e0, n0 = _epoch(before[live]), before[live] & CURSOR_MASK
+            e0, n0 = epoch_of(before[live]), before[live] & CURSOR_MASK
             coherent = (e0 != 0) & (n0 < rk)
             want = torch.where(coherent, e0 % 127 + 1, torch.ones_like(e0))
-            assert torch.equal(_epoch(rs.cursor[live]), want), f"{mode} step {step}: epochs"
+            assert torch.equal(epoch_of(rs.cursor[live]), want), f"{mode} step {step}: epochs"
             assert (rs.route_epoch[live].long() == want[:, None, None]).all(), f"{mode} step {step}: route_epoch"
             fast += int(coherent.sum())
         else:   # another op stores epoch 0, or leaves the word as it was (the every-step route at count 0)
-            kept = (_epoch(rs.cursor) == 0) | (rs.cursor == before)
+            kept = (epoch_of(rs.cursor) == 0) | (rs.cursor == before)
             assert kept[live].all(), f"{mode} step {step}: another op stored an epoch"
         ckpt_check(rs.hi, rr.hi, f"{mode} step {step}: hi")
         if rs.lo is not None:
@@ -907,8 +896,8 @@ def test_deferred_route_epoch_wraps_and_stale_epochs_take_the_ticket():
         assert torch.equal(rs.cursor & CURSOR_MASK, rr.cursor & CURSOR_MASK), f"step {step}: counts"
         ckpt_check(rs.hi, rr.hi, f"step {step}: hi")
         if step == 0:
-            assert _epoch(rs.cursor).tolist() == [1, 1, 1]
-    assert _epoch(rs.cursor).tolist() == [3, 3, 3]
+            assert epoch_of(rs.cursor).tolist() == [1, 1, 1]
+    assert epoch_of(rs.cursor).tolist() == [3, 3, 3]
     assert (rs.route_epoch == 3).all()
 
 

@@ -18,9 +18,9 @@ import torch
 from replayssm import inputs as I
 from replayssm import mamba2 as M
 from replayssm import reference as R
-from replayssm.state import ByteCounter, Mamba2ReplayState, dtype_of
+from replayssm.state import CURSOR_MASK, EPOCH_SHIFT, LO_STALE, ByteCounter, Mamba2ReplayState, dtype_of
 
-from kernel_checks import CUDA, DEV, TOL_F32, gen, out_tol, poisoned, rel_err
+from kernel_checks import CUDA, DEV, TOL_F32, epoch_of, gen, out_tol, poisoned, random_rows, rel_err
 
 DEVICES = [pytest.param(DEV, id=DEV)]
 
@@ -417,6 +417,128 @@ def test_eager_route_mixes_with_the_buffered_route(device, mode, sd, lo, act, mo
     assert rs.counter == rr.counter
     assert pending >= 3, f"only {pending} rows had entries to fold on the eager route"
     assert stale_flushed >= 3 or mode != "dual", f"only {stale_flushed} stale low copies refreshed"
+
+
+DEFER_MODES = [("replay", None, "float32"), ("dual", "bfloat16", "float32"), ("dual", "float8_e4m3", "float32"),
+               ("replay", None, "bfloat16"), ("shared-low", "float8_e4m3", "float32")]
+DEFER_IDS = ["f32", "dual-bf16", "dual-fp8", "bf16-state", "shared-fp8"]
+
+
+@pytest.mark.parametrize("mode,lo,sd,rk,block_p", [(*m, 2, 4) for m in DEFER_MODES]
+                         + [(*DEFER_MODES[0], 3, 8), (*DEFER_MODES[1], 3, 4), (*DEFER_MODES[0], 2, 8)],
+                         ids=[f"{i}-2" for i in DEFER_IDS] + ["f32-3-rows8", "dual-bf16-3", "f32-2-rows8"])
+def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk, block_p, monkeypatch):
+    """The small-batch route of period k (route_k >= 2, _replay_defer_kernel): the state written
+    every k-th step, entries appended between, the cursor moved by one program with a plain
+    store and an epoch (state.py). Mixed with the every-step route, buffered steps, a verify and
+    commit, padded rows and slots left out of a step; outputs, checkpoints, cursor counts and
+    stale bits, buffer entries below the cursor and byte counts as the reference's route
+    semantics (route=k). 8-row programs over a head dim of 12 leave the second program's second
+    epoch byte past the head (masked). Under the interpreter a sequence's programs run one after
+    another, so most read the word the first one stored (the epoch's "late" case)."""
+    from replayssm.triton import mamba2 as tk
+    shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
+    g = gen(61 + rk + block_p)
+    K = 4
+    rs, rr = make_pair(shape, 5, 8, K, mode, sd, lo, torch.bfloat16, g)
+    rs.counter, rr.counter = ByteCounter(), ByteCounter()
+    p = params(shape, g)
+    plan = ["defer"] * 5 + ["buffered", "defer", "defer", "eager", "defer", "defer", "defer", "spec", "defer",
+                            "defer", "buffered", "buffered", "defer", "defer", "defer"]
+    word = lambda c: c & (CURSOR_MASK | LO_STALE)   # noqa: E731   (the route's epoch is the kernel's own)
+    fast = appended = 0
+    for step, how in enumerate(plan):
+        idx = random_rows(5, 4, g, pad_p=0.2)
+        live = idx[idx >= 0].long()
+        before = rs.cursor.clone()
+        if how == "spec":
+            inp = step_inputs(shape, 4, torch.bfloat16, g, T=2)
+            y = M.verify(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
+            yr = R.mamba2_verify(rr, **inp, **p, state_indices=idx)
+            assert rel_err(y, yr) <= out_tol(torch.bfloat16), f"{mode} step {step} verify: {rel_err(y, yr):.3g}"
+            acc = torch.randint(0, 3, (4,), generator=g).to(torch.int32).to(DEV)
+            M.commit(rs, p["A"], acc, state_indices=idx)
+            R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
+        else:
+            route = {"defer": rk, "eager": 1, "buffered": 0}[how]
+            monkeypatch.setattr(tk, "SMALL_BATCH_ROUTE", route > 0)
+            monkeypatch.setitem(tk.OVERRIDE, "replay",
+                                dict(route="eager", block_p=block_p, warps=1, route_k=route) if route else {})
+            inp = step_inputs(shape, 4, torch.bfloat16, g)
+            assert tk.state_route_period(rs, inp["x"]) == min(route, K)
+            if how == "defer":
+                appended += int((rr.entries(live) + 1 < rk).sum())
+            y = M.replay_step(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
+            yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx, route=route)
+            assert rel_err(y, yr) <= out_tol(torch.bfloat16), f"{mode} step {step}: {rel_err(y, yr):.3g}"
+            assert (y[idx < 0] == 0).all()
+        assert torch.equal(word(rs.cursor), word(rr.cursor)), f"{mode} step {step}: cursors"
+        out = torch.ones(5, dtype=torch.bool, device=DEV)
+        out[live] = False
+        assert torch.equal(rs.cursor[out], before[out]), f"{mode} step {step}: a slot outside the batch moved"
+        if how == "defer":   # every live slot's epoch: the next one where the word was the route's, else 1
+            e0, n0 = epoch_of(before[live]), before[live] & CURSOR_MASK
+            coherent = (e0 != 0) & (n0 < rk)
+            want = torch.where(coherent, e0 % 127 + 1, torch.ones_like(e0))
+            assert torch.equal(epoch_of(rs.cursor[live]), want), f"{mode} step {step}: epochs"
+            assert (rs.route_epoch[live].long() == want[:, None, None]).all(), f"{mode} step {step}: route_epoch"
+            fast += int(coherent.sum())
+        else:   # another op stores epoch 0, or leaves the word as it was (the every-step route at count 0)
+            kept = (epoch_of(rs.cursor) == 0) | (rs.cursor == before)
+            assert kept[live].all(), f"{mode} step {step}: another op stored an epoch"
+        ckpt_check(rs.hi, rr.hi, f"{mode} step {step}: hi")
+        if rs.lo is not None:
+            ckpt_check(rs.lo, rr.lo, f"{mode} step {step}: lo")
+        below = torch.arange(8, device=DEV)[None, :] < rr.entries()[:, None]              # [slots, L]
+        assert torch.equal(rs.x[below], rr.x[below]) and torch.equal(rs.B[below], rr.B[below]), \
+            f"{mode} step {step}: buffer"
+        if below.any():
+            assert rel_err(rs.dt[below], rr.dt[below]) <= 1e-6, f"{mode} step {step}: buffer dt"
+        rr.cursor.copy_(rs.cursor)      # (the epochs too: resync copies every word)
+        resync(rs, rr)
+        assert rs.counter == rr.counter, f"{mode} step {step}: bytes"
+    assert fast >= 10, f"only {fast} steps moved the cursor without a ticket"
+    assert appended >= 5, f"only {appended} route steps appended an entry"
+
+
+def test_deferred_route_epoch_wraps_and_stale_epochs_take_the_ticket(monkeypatch):
+    """The epoch runs 1..127 and wraps to 1 (never 0, which marks another op's word); a slot
+    whose recorded epochs are stale (a word stored elsewhere with an epoch it never saw: a
+    restore) must not be taken for a sibling's store unless it is exactly the next one."""
+    from replayssm.triton import mamba2 as tk
+    shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
+    g = gen(67)
+    rs, rr = make_pair(shape, 3, 6, 4, "replay", "float32", None, torch.bfloat16, g)
+    rs.cursor.zero_()
+    rr.cursor.zero_()
+    monkeypatch.setitem(tk.OVERRIDE, "replay", dict(route="eager", block_p=4, warps=1, route_k=2))
+    p = params(shape, g)
+    rs.cursor.copy_(torch.tensor([127 << EPOCH_SHIFT, 5 << EPOCH_SHIFT, 0], dtype=torch.int32))
+    rs.route_epoch[0] = 127        # coherent at 127: the next store wraps to 1
+    rs.route_epoch[1] = 9          # stale (saw 9, the word says 5): the ticket, epoch 1
+    idx = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+    for step in range(3):
+        inp = step_inputs(shape, 3, torch.bfloat16, g)
+        y = M.replay_step(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
+        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx, route=2)
+        assert rel_err(y, yr) <= out_tol(torch.bfloat16), f"step {step}"
+        assert torch.equal(rs.cursor & CURSOR_MASK, rr.cursor & CURSOR_MASK), f"step {step}: counts"
+        ckpt_check(rs.hi, rr.hi, f"step {step}: hi")
+        if step == 0:
+            assert epoch_of(rs.cursor).tolist() == [1, 1, 1]
+    assert epoch_of(rs.cursor).tolist() == [3, 3, 3]
+    assert (rs.route_epoch == 3).all()
+
+
+def test_deferred_route_config_errors(monkeypatch):
+    from replayssm.triton import mamba2 as tk
+    for bad in (0, 128, True, 2.0):
+        monkeypatch.setitem(tk.OVERRIDE, "replay", dict(route="eager", block_p=4, warps=1, route_k=bad))
+        with pytest.raises(ValueError, match=f"route_k={bad!r}: allowed an int 1..127"):
+            tk.replay_variant(12, 4, 1, 4)
+    monkeypatch.setitem(tk.OVERRIDE, "replay", dict(route="eager", block_p=2, warps=1, route_k=2))
+    with pytest.raises(ValueError, match="block_p=2 with route_k=2"):
+        tk.replay_variant(12, 4, 1, 4)
 
 
 @pytest.mark.shipped_routes
@@ -1014,6 +1136,11 @@ plans["super replay eager route fp32"] = tk.plan_replay_step(rs2("replay"), **in
                                                              state_indices=idx)[0]
 plans["super replay eager route dual bf16"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16),
                                                                   **p, state_indices=idx)[0]
+tk.OVERRIDE["replay"] = dict(route="eager", block_p=32, warps=8, route_k=2)     # the deferred route (period 2)
+plans["super replay deferred route fp32"] = tk.plan_replay_step(rs2("replay"), **inp(torch.bfloat16), **p,
+                                                                state_indices=idx)[0]
+plans["super replay deferred route dual bf16"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16),
+                                                                     **p, state_indices=idx)[0]
 tk.OVERRIDE["replay"] = dict(tk._LEAN, pf=1)     # the lean step with the state tile's L2 hint (tuning)
 plans["super replay fp32 pf1"] = tk.plan_replay_step(rs2("replay"), **inp(torch.bfloat16), **p, state_indices=idx)[0]
 plans["super replay dual bf16 pf1"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16), **p,
