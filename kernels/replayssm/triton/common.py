@@ -14,6 +14,7 @@ _CURSOR_MASK = tl.constexpr(CURSOR_MASK)
 _EPOCH_SHIFT = tl.constexpr(EPOCH_SHIFT)
 _STALE_BIT = tl.constexpr(LO_STALE)
 _EPOCH_ONE = tl.constexpr(1 << EPOCH_SHIFT)     # the route's word after a ticket: epoch 1, count 0
+_EPOCH_ONE_STALE = tl.constexpr((1 << EPOCH_SHIFT) | LO_STALE)
 
 
 @triton.jit
@@ -182,8 +183,6 @@ def route_ticket(ptr, nprog, nw, RK: tl.constexpr, DUAL: tl.constexpr):
     epoch 1 with count nw + 1 (0 where nw + 1 >= RK: the step wrote the state) and LO_STALE
     for dual states. Every program read the word before its ticket, so all took this path."""
     old = tl.atomic_add(ptr, 1 << 16, sem="relaxed")
-    first = _EPOCH_ONE + tl.where(nw + 1 >= RK, 0, nw + 1)
-    if DUAL:
-        first = first | _STALE_BIT
     if (old >> 16) == nprog - 1:
+        first = (_EPOCH_ONE_STALE if DUAL else _EPOCH_ONE) + tl.where(nw + 1 >= RK, 0, nw + 1)
         tl.atomic_xchg(ptr, first, sem="relaxed")

@@ -42,9 +42,9 @@ import triton
 import triton.language as tl
 
 from ..reference import L2_EPS
-from ..state import CURSOR_MASK, EPOCH_ROWS, EPOCH_SHIFT, FP8_MAX, LO_STALE, GDNReplayState
+from ..state import CURSOR_MASK, EPOCH_ROWS, FP8_MAX, LO_STALE, GDNReplayState
 from .common import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
-    prefetch_hint
+    prefetch_hint, route_next_word, route_ticket, route_word
 from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
 from .mma import bf16_split3, exact_b_holds, mm, mma_acc, mma_precision, split_precision
 from .offline import compile_launch
@@ -52,9 +52,6 @@ from .offline import compile_launch
 _TICKET = tl.constexpr(1 << 16)
 _CUR_MASK = tl.constexpr(CURSOR_MASK)
 _LO_STALE = tl.constexpr(LO_STALE)
-_EP_SHIFT = tl.constexpr(EPOCH_SHIFT)
-_EP_ONE = tl.constexpr(1 << EPOCH_SHIFT)                  # the route's word after a ticket: epoch 1, count 0
-_EP_ONE_STALE = tl.constexpr((1 << EPOCH_SHIFT) | LO_STALE)
 _FP8_MAX = tl.constexpr(FP8_MAX)
 EVICT_POLICIES = ("evict_first", "evict_last", "")    # a state load's / store's L2 policy ("": none)
 _EVICT_FIRST = tl.constexpr("evict_first")   # the jit helpers' default (a plain str default does not compile)
@@ -784,12 +781,7 @@ def _gdn_route_defer_kernel(
         ep = tl.load(ep_at).to(tl.int32)
         kn, qn, vv, alpha, bt = _eager_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, kh, rows, rmask, cols,
                                               cmask, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, scale, EPS)
-        e = (word >> _EP_SHIFT) & 127
-        nw = word & _CUR_MASK
-        e_next = ep % 127 + 1
-        late = e == e_next                        # a sibling's store of this launch
-        fast = late | ((e != 0) & (e == ep) & (nw < RK))
-        n = tl.where(late, (nw + RK - 1) % RK, tl.minimum(nw, RK - 1))
+        fast, n, nw, e_next = route_word(word, ep, RK)
         # the steady step, whatever the path (its loads issue first: see the eager route)
         S = _fold_few(S0, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr,
                       HV, HK, DK, DV, L, DUAL, EPS, RK - 1)
@@ -802,10 +794,7 @@ def _gdn_route_defer_kernel(
                           ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
                           skb, skh, sgb, sgh, HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, RK, STORE_EV)
             if (pid_v == 0) & (h == 0):
-                nxt_word = (e_next << _EP_SHIFT) | tl.where(n + 1 >= RK, 0, n + 1)
-                if DUAL:
-                    nxt_word = nxt_word | _LO_STALE
-                tl.store(cur_ptr + slot64, nxt_word)
+                tl.store(cur_ptr + slot64, route_next_word(n, e_next, RK, DUAL))
         else:
             # the rare path: the step again from the tile with every entry the word counts folded
             # in; the cursor by ticket, the last program storing epoch 1
@@ -818,10 +807,7 @@ def _gdn_route_defer_kernel(
                           ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, k_ptr, g_ptr, b, h, kh, slot64, vv, bt,
                           skb, skh, sgb, sgh, HV, HK, DK, DV, L, HI_FP8, DUAL, INTERP, RK, STORE_EV)
             ep_new = 1
-            old = tl.atomic_add(cur_ptr + slot64, _TICKET, sem="relaxed")
-            if (old >> 16) == nprog - 1:
-                first = (_EP_ONE_STALE if DUAL else _EP_ONE) + tl.where(nw + 1 >= RK, 0, nw + 1)
-                tl.atomic_xchg(cur_ptr + slot64, first, sem="relaxed")
+            route_ticket(cur_ptr + slot64, nprog, nw, RK, DUAL)
         ew = tl.arange(0, EW)
         tl.store(ep_at + ew, tl.full([EW], 0, tl.int8) + ep_new.to(tl.int8),
                  mask=pid_v * BLOCK_V + ew * EP_ROWS < DV)
