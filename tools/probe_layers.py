@@ -230,14 +230,14 @@ def time_m2_eager(model_name, batch, store=True, steps=16):
     return t.median_us
 
 
-def time_m2_route(model_name, method, batch, route_k=None, block_p=None, warps=None, steps=16):
+def time_m2_route(model_name, method, batch, route_k=None, block_p=None, warps=None, maxnreg=None, steps=16):
     """us per step per layer of a Mamba-2 replay method through the sweep's Layer objects, with
-    the small-batch route forced (OVERRIDE["replay"]: route "eager", route_k, block_p x warps;
-    None: the table's row as shipped), the sweep's layer count."""
+    the small-batch route forced (OVERRIDE["replay"]: route "eager", route_k, block_p x warps,
+    maxnreg; None: the table's row as shipped), the sweep's layer count."""
     saved = dict(MK.OVERRIDE.get("replay", {}))
     try:
         if route_k is not None:
-            ov = dict(route="eager", route_k=route_k)
+            ov = dict(route="eager", route_k=route_k, maxnreg=maxnreg)
             if block_p is not None:
                 ov.update(block_p=block_p, warps=warps)
             MK.OVERRIDE["replay"] = ov
@@ -517,6 +517,10 @@ def probes():
             for bp2, nw2 in tiles[1:]:
                 out.append(("m2defer", f"{tag} replay route k2 {bp2}x{nw2}", lambda m=model, b=b, bp=bp2, nw=nw2:
                             time_m2_route(m, "replay", b, 2, bp, nw)))
+            if bp == 32:    # 116 registers unbudgeted: 2 programs an SM (64: 4, with a spill; 72: 3)
+                for regs in (64, 72):
+                    out.append(("m2defer", f"{tag} replay route k2 {bp}x{nw} maxnreg {regs}", lambda m=model, b=b,
+                                r=regs: time_m2_route(m, "replay", b, 2, 32, 8, r)))
             out.append(("m2defer", f"{tag}+bf16 replay-dual table", lambda m=model, b=b:
                         time_m2_route(m, "replay-dual", b)))
             out.append(("m2defer", f"{tag}+bf16 replay-dual route k2 {bp}x{nw}", lambda m=model, b=b, bp=bp, nw=nw:

@@ -184,6 +184,13 @@ def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
             assert T.step_traffic(dual, model).total_bytes == pytest.approx(T.step_traffic(case(b), model).total_bytes)
     monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager"))      # an override routes any batch
     assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 1).total_bytes)
+    # the deferred route (route_k): the high copy read every step, written every k-th (at most K)
+    for k, period in ((2, 2), (4, 4), (40, 16)):
+        monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager", route_k=k))
+        assert T.route_period(case(2), model) == period
+        got = T.step_traffic(case(2), model)
+        assert got.total_bytes == pytest.approx(T.replay_traffic(lb, 2, 16, routed=period).total_bytes)
+        assert got.parts["state_write"] == pytest.approx(2 * lb.state_hi / period)
     monkeypatch.setitem(M.OVERRIDE, "replay", {})
     monkeypatch.setattr(M, "SMALL_BATCH_ROUTE", False)       # routing off: every step buffers
     assert T.step_traffic(case(1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)

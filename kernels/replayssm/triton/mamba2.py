@@ -1713,6 +1713,8 @@ def _plan_replay_eager(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: d
     meta = dict(BLOCK_P=v["block_p"], BLOCK_N=_np2(N), CAP=rs.capacity, HAS_Z=z is not None,
                 HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None,
                 EXACT=_interpreting(), EVICT=v["evict"], num_warps=v["warps"])
+    if v["maxnreg"]:
+        meta["maxnreg"] = v["maxnreg"]
     if rk > 1:
         return _record(_replay_defer_kernel, grid)(
             x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.route_epoch, rs.x, rs.B, rs.dt, hi_d, hi_s,
