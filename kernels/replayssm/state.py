@@ -29,14 +29,15 @@ sequence, a verify rewrites the copy and clears the bit first, a flush writes bo
 (reference.py implements the same). Any op that stores a new cursor clears the bit and the
 epoch. Read the count with ``rs.entries(slots)``, never ``rs.cursor`` raw.
 
-The route's epoch (period k >= 2, both families): one program of the route's launch moves the cursor with a
-plain store while the others may still be about to read it, and no ticket says when all have
-read. So every program keeps the epoch it last saw in ``route_epoch`` (one byte per 4 rows of a
-head, GDN's value rows or Mamba-2's head-dim rows: a program owns whole 4-row groups), and the word the route stores carries the next epoch
-(1..127, never 0). A program reading the word then knows whether it sees the value before the
-launch (its epoch) or the value a sibling of this launch stored (the next epoch; the route's
-transition n -> (n + 1) mod k then gives the count before). A word any other op stored has
-epoch 0: the route then moves the cursor by ticket, once, and every program relearns the epoch.
+The route's epoch (period k >= 2, both families): one program of the route's launch moves the
+cursor with a plain store while the others may still be about to read it, and no ticket says
+when all have read. So every program keeps the epoch it last saw in ``route_epoch`` (one byte
+per 4 rows of a head, GDN's value rows or Mamba-2's head-dim rows: a program owns whole 4-row
+groups), and the word the route stores carries the next epoch (1..127, never 0). A program
+reading the word then knows whether it sees the value before the launch (its epoch) or the
+value a sibling of this launch stored (the next epoch; the route's transition n -> (n + 1) mod k
+then gives the count before). A word any other op stored has epoch 0: the route then moves the
+cursor by ticket, once, and every program relearns the epoch.
 """
 from __future__ import annotations
 

@@ -958,15 +958,8 @@ def _replay_defer_kernel(
     carry LO_STALE (the next buffered step flushes, a verify refreshes the low copy first)."""
     tl.static_assert(BLOCK_P % EP_ROWS == 0, "BLOCK_P: a multiple of EP_ROWS (state.EPOCH_ROWS)")
     EW: tl.constexpr = BLOCK_P // EP_ROWS
-    pid_p = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    g = h // HPG
-    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    in_p = offs_p < P
-    offs_n = tl.arange(0, BLOCK_N)
-    in_n = offs_n < N
+    pid_p, h, b, g, slot, live, offs_p, in_p, offs_n, in_n = _program_tile(idx_ptr, P, N, HPG, BLOCK_P, BLOCK_N,
+                                                                           HAS_IDX)
     z_row = z_ptr + b * s_z_b + h * s_z_h
     y_row = y_ptr + b * s_y_b + h * s_y_h
     if live:
@@ -993,10 +986,8 @@ def _replay_defer_kernel(
         # (rows at or past the count may hold anything: selected away, never multiplied in)
         S = S0
         for i in tl.static_range(RK - 1):
-            dt_i = tl.load(bdt_ptr + slot * s_bdt_s + i * s_bdt_l + h).to(tl.float32)
-            x_i = tl.load(bx_ptr + bx_base + i * s_bx_l + offs_p, mask=in_p, other=0.0).to(tl.float32)
-            B_i = tl.load(bB_ptr + bB_base + i * s_bB_l + offs_n, mask=in_n, other=0.0).to(tl.float32)
-            S = tl.where(i < n, tl.exp(dt_i * A) * S + (dt_i * x_i)[:, None] * B_i[None, :], S)
+            S = tl.where(i < n, _with_entry(S, i, A, bx_ptr, bB_ptr, bdt_ptr, bx_base, bB_base, slot, h, s_bx_l, s_bB_l,
+                                            s_bdt_s, s_bdt_l, offs_p, in_p, offs_n, in_n), S)
         S = tl.exp(dt_n * A) * S + (dt_n * x_buf.to(tl.float32))[:, None] * Bn_buf.to(tl.float32)[None, :]
         ep_new = e_next
         if fast:
@@ -1011,10 +1002,8 @@ def _replay_defer_kernel(
             S = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, in_p, HI_SCALE, EVICT)
             for j in range(CAP):
                 if j < nw:
-                    dt_j = tl.load(bdt_ptr + slot * s_bdt_s + j * s_bdt_l + h).to(tl.float32)
-                    x_j = tl.load(bx_ptr + bx_base + j * s_bx_l + offs_p, mask=in_p, other=0.0).to(tl.float32)
-                    B_j = tl.load(bB_ptr + bB_base + j * s_bB_l + offs_n, mask=in_n, other=0.0).to(tl.float32)
-                    S = tl.exp(dt_j * A) * S + (dt_j * x_j)[:, None] * B_j[None, :]
+                    S = _with_entry(S, j, A, bx_ptr, bB_ptr, bdt_ptr, bx_base, bB_base, slot, h, s_bx_l, s_bB_l,
+                                    s_bdt_s, s_bdt_l, offs_p, in_p, offs_n, in_n)
             S = tl.exp(dt_n * A) * S + (dt_n * x_buf.to(tl.float32))[:, None] * Bn_buf.to(tl.float32)[None, :]
             _defer_finish(S, nw, x_in, x_buf, Bn_buf, dt_n, Cv, Dh, z_row, y_row, bx_ptr, bB_ptr, bdt_ptr, hi_ptr,
                           hi_sc_ptr, ck_base, sc_base, bx_base, bB_base, slot, s_bx_l, s_bB_l, s_bdt_s, s_bdt_l,
@@ -1025,6 +1014,31 @@ def _replay_defer_kernel(
         tl.store(ep_at + ew, tl.full([EW], 0, tl.int8) + ep_new.to(tl.int8), mask=pid_p * BLOCK_P + ew * EP_ROWS < P)
     else:
         tl.store(y_row + offs_p, cast(tl.zeros([BLOCK_P], tl.float32), y_ptr.dtype.element_ty, EXACT), mask=in_p)
+
+
+@triton.jit
+def _program_tile(idx_ptr, P, N, HPG, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_IDX: tl.constexpr):
+    """A [BLOCK_P, N] tile program's place, grid (cdiv(P, BLOCK_P), H, batch): (pid_p, head h,
+    batch row b, group g, slot, live, rows offs_p [BLOCK_P] and in_p, columns offs_n [BLOCK_N]
+    and in_n)."""
+    pid_p = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    slot, live = _slot_of(idx_ptr, b, HAS_IDX)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    return pid_p, h, b, h // HPG, slot, live, offs_p, offs_p < P, offs_n, offs_n < N
+
+
+@triton.jit
+def _with_entry(S, i, A, bx_ptr, bB_ptr, bdt_ptr, bx_base, bB_base, slot, h, s_bx_l, s_bB_l, s_bdt_s, s_bdt_l,
+                offs_p, in_p, offs_n, in_n):
+    """The tile S [BLOCK_P, BLOCK_N] with buffer entry i folded in, as stored: exp(dt_i A) S +
+    dt_i x_i B_i^T."""
+    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + i * s_bdt_l + h).to(tl.float32)
+    x_i = tl.load(bx_ptr + bx_base + i * s_bx_l + offs_p, mask=in_p, other=0.0).to(tl.float32)
+    B_i = tl.load(bB_ptr + bB_base + i * s_bB_l + offs_n, mask=in_n, other=0.0).to(tl.float32)
+    return tl.exp(dt_i * A) * S + (dt_i * x_i)[:, None] * B_i[None, :]
 
 
 @triton.jit

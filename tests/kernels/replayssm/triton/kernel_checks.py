@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm.state import EPOCH_SHIFT
+from replayssm.state import CURSOR_MASK, EPOCH_SHIFT, LO_STALE
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -45,3 +45,27 @@ def random_rows(slots: int, batch: int, g, pad_p: float = 0.25) -> torch.Tensor:
 def epoch_of(c: torch.Tensor) -> torch.Tensor:
     """The deferred small-batch route's epoch in cursor words c (state.py)."""
     return (c >> EPOCH_SHIFT) & 127
+
+
+def check_route_words(rs, rr, before: torch.Tensor, live: torch.Tensor, deferred: bool, rk: int, what: str) -> int:
+    """Cursor words after one op of a deferred-route test: counts and stale bits as the
+    reference's (the epoch is the kernel's own), slots outside the batch untouched, and the
+    epochs: after a deferred route step (period rk) every live slot's is the next one where
+    the word was the route's own, else 1 (the ticket), and route_epoch agrees; after any other
+    op 0, or the word as it was (the every-step route at count 0). before: the words before the
+    op; live: the batch's slots. Returns how many live slots moved without a ticket."""
+    word = lambda c: c & (CURSOR_MASK | LO_STALE)   # noqa: E731
+    assert torch.equal(word(rs.cursor), word(rr.cursor)), f"{what}: cursors"
+    out = torch.ones(rs.cursor.shape[0], dtype=torch.bool, device=rs.cursor.device)
+    out[live] = False
+    assert torch.equal(rs.cursor[out], before[out]), f"{what}: a slot outside the batch moved"
+    if not deferred:
+        kept = (epoch_of(rs.cursor) == 0) | (rs.cursor == before)
+        assert kept[live].all(), f"{what}: another op stored an epoch"
+        return 0
+    e0, n0 = epoch_of(before[live]), before[live] & CURSOR_MASK
+    coherent = (e0 != 0) & (n0 < rk)
+    want = torch.where(coherent, e0 % 127 + 1, torch.ones_like(e0))
+    assert torch.equal(epoch_of(rs.cursor[live]), want), f"{what}: epochs"
+    assert (rs.route_epoch[live].long() == want[:, None, None]).all(), f"{what}: route_epoch"
+    return int(coherent.sum())

@@ -26,9 +26,10 @@ import torch
 from replayssm import gdn as GD
 from replayssm import inputs as I
 from replayssm import reference as R
-from replayssm.state import CURSOR_MASK, EPOCH_SHIFT, LO_STALE, ByteCounter, GDNReplayState
+from replayssm.state import CURSOR_MASK, EPOCH_SHIFT, ByteCounter, GDNReplayState
 
-from kernel_checks import CUDA, DEV, TOL_BF16_OUT, TOL_F32, epoch_of, gen, out_tol, poisoned, random_rows, rel_err
+from kernel_checks import CUDA, DEV, TOL_BF16_OUT, TOL_F32, check_route_words, epoch_of, gen, out_tol, poisoned, \
+    random_rows, rel_err
 
 
 ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float8_e4m3fn: 2.0 ** -4}  # half ulp
@@ -822,7 +823,6 @@ def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk):
     rs.counter, rr.counter = ByteCounter(), ByteCounter()
     plan = ["defer"] * 5 + ["buffered", "defer", "defer", "eager", "defer", "defer", "defer", "spec", "defer",
                             "defer", "buffered", "buffered", "defer", "defer", "defer"]
-    word = lambda c: c & (CURSOR_MASK | LO_STALE)   # noqa: E731   (the route's epoch is the kernel's own)
     fast = 0
     for step, how in enumerate(plan):
         idx = random_rows(5, 4, g, pad_p=0.2)
@@ -844,20 +844,7 @@ def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk):
             o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=route)
             assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step}: {rel_err(o, o_ref):.3g}"
             assert (o[idx < 0] == 0).all()
-        assert torch.equal(word(rs.cursor), word(rr.cursor)), f"{mode} step {step}: cursors"
-        out = torch.ones(5, dtype=torch.bool, device=DEV)
-        out[live] = False
-        assert torch.equal(rs.cursor[out], before[out]), f"{mode} step {step}: a slot outside the batch moved"
-        if how == "defer":   # every live slot's epoch: the next one where the word was the route's, else 1
-            e0, n0 = epoch_of(before[live]), before[live] & CURSOR_MASK
-            coherent = (e0 != 0) & (n0 < rk)
-            want = torch.where(coherent, e0 % 127 + 1, torch.ones_like(e0))
-            assert torch.equal(epoch_of(rs.cursor[live]), want), f"{mode} step {step}: epochs"
-            assert (rs.route_epoch[live].long() == want[:, None, None]).all(), f"{mode} step {step}: route_epoch"
-            fast += int(coherent.sum())
-        else:   # another op stores epoch 0, or leaves the word as it was (the every-step route at count 0)
-            kept = (epoch_of(rs.cursor) == 0) | (rs.cursor == before)
-            assert kept[live].all(), f"{mode} step {step}: another op stored an epoch"
+        fast += check_route_words(rs, rr, before, live, how == "defer", rk, f"{mode} step {step}")
         ckpt_check(rs.hi, rr.hi, f"{mode} step {step}: hi")
         if rs.lo is not None:
             ckpt_check(rs.lo, rr.lo, f"{mode} step {step}: lo")
