@@ -173,15 +173,21 @@ def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     assert T.step_traffic(case(1, "reference"), model).total_bytes == pytest.approx(
         T.replay_traffic(lb, 1, 16).total_bytes)
     assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 16).total_bytes)
-    # dual states route where fp32 states do (batch <= ROUTE_BATCH[4]), moving fp32 eager's bytes
+    # dual states route where Super's fp32 states do (batch <= 2), moving fp32 eager's bytes
     dual_lb = T.layer_bytes_for("mamba2", model.ssm, "replay-dual", "float32", "bfloat16")
-    for b in (1, M.ROUTE_BATCH[4], M.ROUTE_BATCH[4] + 1):
+    for b in (1, 2, 3, M.ROUTE_BATCH[4] + 1):
         dual = Case("c", "kernel", model.name, "mamba2", "replay-dual", "triton", b, 16, 16, 0, "float32", "bfloat16")
-        routed = b <= M.ROUTE_BATCH[4]
+        routed = b <= 2
         assert T.step_traffic(dual, model).total_bytes == pytest.approx(
             T.replay_traffic(dual_lb, b, 16, routed).total_bytes)
         if routed:
             assert T.step_traffic(dual, model).total_bytes == pytest.approx(T.step_traffic(case(b), model).total_bytes)
+    # Nano's head dim (80): the deferred route (period 2) for fp32 states to batch 4
+    nano = get_model("nemotron-3-nano-4b")
+    nano_lb = T.layer_bytes_for("mamba2", nano.ssm, "replay", "float32", "none")
+    for b, period in ((1, 2), (4, 2), (5, 0)):
+        c = Case("c", "kernel", nano.name, "mamba2", "replay", "triton", b, 16, 16, 0, "float32", "none")
+        assert T.step_traffic(c, nano).total_bytes == pytest.approx(T.replay_traffic(nano_lb, b, 16, period).total_bytes)
     monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager"))      # an override routes any batch
     assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 1).total_bytes)
     # the deferred route (route_k): the high copy read every step, written every k-th (at most K)

@@ -162,7 +162,8 @@ VERIFY_TMA = {(4, "large")}
 #            the state written at every k-th step (_replay_defer_kernel, k >= 2; the steps
 #            between append their entry, and the next folds it) instead of at every step
 #            (_replay_eager_kernel, k = 1). reference.mamba2_replay_step's `route`.
-# Route batches <= ROUTE_BATCH[bytes] as the table's "route" rows say (where given). False: those rows
+# Route batches <= ROUTE_BATCH[bytes] as the table's "route" rows say (where given; a row's max_b, where
+# set, is the largest batch it routes, above which the step buffers). False: those rows
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at
 # batch 1). OVERRIDE still wins.
 SMALL_BATCH_ROUTE = True
@@ -173,7 +174,7 @@ SMALL_BATCH_ROUTE = True
 # 9.40 vs 10.76 us, b8 15.48 vs 19.15, b16 26.81 vs 35.78). bf16 state: the lean kernel loses
 # to the route up to b16 (b8 Nano 12.78 vs 10.49 us, b16 19.67 vs 18.73; s7b vs
 # h200-small-batch-bf16-20261130) and wins at b32.
-ROUTE_BATCH = {4: 2, 2: 16}
+ROUTE_BATCH = {4: 4, 2: 16}
 # Dual states take the route on their high copy alone, as fp32 states do (the (4, "route") rows,
 # batch <= ROUTE_BATCH[4]): the low copy is not written there but marked stale (LO_STALE) and
 # the next buffered step flushes, refreshing it (session 18; before, the route wrote both
@@ -188,7 +189,16 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # Head dims not a multiple of 32 (Nano's 80: a third 32-row chunk half masked): 8 rows x 1
     # warp. Nano b2 6.03 us vs 6.57 (our eager 6.07-6.15; Super keeps 32 x 8: 6.20 vs 6.38 at
     # 8 x 1, tune_mamba2_s17c.txt); b1 4.47 vs 4.46 (tune_mamba2 session 7)
-    (4, "route"): [dict(route="eager", block_p=32, warps=8, p_mod=32), dict(route="eager", block_p=8, warps=1)],
+    # Session 32: the deferred route (route_k 2: the state written every other step) at Nano's
+    # 8 x 1 tiles, fp32 states, batch 1-4 (probe_layers_s32b.txt, us, two rounds, our eager /
+    # every-step route / deferred k 2 / the buffered step at b4): b1 4.51 / 4.42 / 4.42, b2 6.30-6.36
+    # / 6.13-6.14 / 6.03-6.04, b4 10.37 / 10.38 / 9.43 / 9.86. It lost at Super's 32 x 8 (116
+    # registers: b1 4.60 vs 4.52-4.55, b2 7.53 vs 6.29) and in 16 x 4 tiles (b2 6.86, b4 10.80 vs
+    # the buffered 10.02), and for dual states (Nano b1 4.42 vs 4.36, b4 9.43 vs the buffered
+    # 8.72): those keep the every-step route to batch 2 (max_b) and buffer above.
+    (4, "route"): [dict(route="eager", block_p=32, warps=8, p_mod=32, max_b=2),
+                   dict(route="eager", block_p=8, warps=1, dual=True, max_b=2),
+                   dict(route="eager", block_p=8, warps=1, route_k=2)],
     # 16-bit read copies (bf16 state; dual states route on their high copy): 8 rows x 1 warp. bf16
     # state, routed / buffered x our bf16 eager: Super b1 1.05 / 0.74
     # (h200-small-batch-bf16-20261130, h200-kernels-20261130-s6)
@@ -353,7 +363,8 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     key = (min(read_bytes, 4), "one" if batch <= 1 else _bucket(batch, nheads))
     rb = min(hi_bytes, 4) if dual else key[0]     # the copy the route reads and writes
     if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH.get(rb, 0) and (rb, "route") in REPLAY_CONFIGS:
-        key = (rb, "route")
+        if batch <= _pick(REPLAY_CONFIGS[(rb, "route")], P, batch * nheads, dual).get("max_b", batch):
+            key = (rb, "route")
     v.update(_pick(REPLAY_CONFIGS[key], P, batch * nheads, dual))
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])

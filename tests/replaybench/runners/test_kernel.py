@@ -61,10 +61,13 @@ def test_a_gpu_sample_holds_the_same_steps_for_every_method_in_whole_flush_perio
 
 @pytest.mark.parametrize("model,method,batch,want", [("tiny-gdn", "replay", 1, 1), ("tiny-gdn", "replay", 8, 2),
                                                      ("tiny-gdn", "replay-dual", 8, 1), ("tiny-gdn", "replay", 32, 0),
-                                                     ("tiny-gdn", "eager", 1, None), ("tiny-mamba2", "replay", 1, 1)])
+                                                     ("tiny-gdn", "eager", 1, None), ("tiny-mamba2", "replay", 1, 2),
+                                                     ("tiny-mamba2", "replay-dual", 1, 1),
+                                                     ("tiny-mamba2", "replay", 8, 0)])
 def test_a_row_records_the_route_its_replay_step_took(model, method, batch, want, monkeypatch):
     # the small-batch routes (GDN fp32 reads: every step to batch 4, every other step to 16;
-    # dual states every step; buffered above): a batch-1 replay row is an eager-shaped step, and
+    # dual states every step; buffered above; Mamba-2 at head dims not a multiple of 32, fp32:
+    # every other step to batch 4, dual every step to batch 2): a batch-1 replay row is an eager-shaped step, and
     # the report says so (report.route_label). The check and the timing are stubbed: this is
     # about the row
     from replaybench.runners import kernel as kernel_runner

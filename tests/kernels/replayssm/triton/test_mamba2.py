@@ -535,9 +535,10 @@ def test_launch_tables_at_the_real_head_dims():
     16 x 1 in the large one (whole-head tiles before)."""
     from replayssm.triton import mamba2 as tk
     route = lambda P, rb=4, dual=False: tk.replay_variant(P, rb, 2, 128, dual)    # noqa: E731
-    assert (route(64)["block_p"], route(64)["warps"], route(64)["route"]) == (32, 8, "eager")
-    assert (route(80)["block_p"], route(80)["warps"], route(80)["route"]) == (8, 1, "eager")
-    assert route(64, 2, True) == route(64) and route(80, 1, True) == route(80)    # dual: the fp32 route
+    assert (route(64)["block_p"], route(64)["warps"], route(64)["route"], route(64)["route_k"]) == (32, 8, "eager", 1)
+    assert (route(80)["block_p"], route(80)["warps"], route(80)["route"], route(80)["route_k"]) == (8, 1, "eager", 2)
+    assert route(64, 2, True) == route(64)                                      # dual: the fp32 route
+    assert route(80, 1, True) == dict(route(80), route_k=1)                     # (every step: session 32)
     assert tk.launch_config("eager", 80, 2, 8, 64) == (8, 1, 1)
     for P in (64, 80):
         assert tk.launch_config("eager", P, 2, 256, 128) == (16, 1, 1)
@@ -545,44 +546,59 @@ def test_launch_tables_at_the_real_head_dims():
 
 
 @pytest.mark.shipped_routes
+def test_small_batch_route_periods_in_the_shipped_table(monkeypatch):
+    """Session 32's rows, fp32 reads (and dual states, routed as their fp32 high copy): head dims
+    that are a multiple of 32 (Super's 64) take the every-step route to batch 2 and buffer above;
+    others (Nano's 80) the deferred route (period 2) to batch ROUTE_BATCH[4] = 4, their dual
+    states the every-step route to batch 2. bf16 reads: the every-step route to batch 16; fp8
+    reads buffer. With SMALL_BATCH_ROUTE off every step buffers."""
+    from replayssm.triton import mamba2 as tk
+    period = lambda P, b, rb=4, dual=False: tk.route_period(P, rb, b, 128, 16, dual)    # noqa: E731
+    assert [period(64, b) for b in (1, 2, 3, 4, 5)] == [1, 1, 0, 0, 0]
+    assert [period(80, b) for b in (1, 2, 3, 4, 5)] == [2, 2, 2, 2, 0]
+    assert [period(12, b) for b in (1, 4, 5)] == [2, 2, 0]
+    for P in (64, 80):
+        assert [period(P, b, 2, True) for b in (1, 2, 3)] == [1, 1, 0]       # dual bf16: the high copy's route
+        assert [period(P, b, 1, True) for b in (1, 2, 3)] == [1, 1, 0]       # dual fp8
+        assert [period(P, b, 2) for b in (1, 16, 17)] == [1, 1, 0]           # bf16 state
+        assert period(P, 1, 1) == 0                                          # fp8 reads
+    assert tk.route_period(80, 4, 1, 128, 1) == 1      # the period is at most the flush period
+    monkeypatch.setattr(tk, "SMALL_BATCH_ROUTE", False)
+    assert period(64, 1) == period(80, 1) == 0
+
+
+@pytest.mark.shipped_routes
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "bfloat16")])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_small_batches_flush_every_step_by_default(device, batch, monkeypatch):
-    """The shipped table at batch <= ROUTE_BATCH[4] (fp32): the eager route, i.e. outputs,
-    checkpoints, cursors and bytes as the reference's route semantics (a flush at every step;
-    entries pending at the start are folded first). Batch 4 (with a padded row) runs with
-    ROUTE_BATCH[4] raised to 4; by default it buffers. With SMALL_BATCH_ROUTE off: buffered."""
+def test_small_batches_route_by_default(device, mode, lo, batch):
+    """The shipped table at batch 1 and 4 (a head dim of 12: the rows of Nano's 80), over 7 steps
+    from random cursors (pending entries folded first): the route the table picks (fp32: the
+    deferred route, period 2; dual: the every-step route at batch 1, buffered at 4) agrees with
+    the reference's route semantics on outputs, checkpoints, cursor counts and bytes."""
     from replayssm.triton import mamba2 as tk
     shape = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)
-    assert not tk.takes_eager_route(shape.head_dim, 4, tk.ROUTE_BATCH[4] + 1, shape.nheads)   # small: buffered
-    monkeypatch.setitem(tk.ROUTE_BATCH, 4, max(tk.ROUTE_BATCH[4], batch))
-    assert tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
-    assert not tk.takes_eager_route(shape.head_dim, 4, tk.SMALL_PROGRAMS // shape.nheads, shape.nheads)   # large
-    assert tk.takes_eager_route(shape.head_dim, 2, batch, shape.nheads)         # bf16 reads too
-    for lo_bytes in (2, 1):     # dual: routed as its fp32 high copy (session 18)
-        assert tk.takes_eager_route(shape.head_dim, lo_bytes, batch, shape.nheads, dual=True)
-        assert not tk.takes_eager_route(shape.head_dim, lo_bytes, tk.ROUTE_BATCH[4] + 1, shape.nheads, dual=True)
-        assert tk.replay_variant(shape.head_dim, lo_bytes, batch, shape.nheads, dual=True) == \
-            tk.replay_variant(shape.head_dim, 4, batch, shape.nheads)
-    assert not tk.takes_eager_route(shape.head_dim, 1, batch, shape.nheads)     # fp8 reads: buffered
     g = gen(53 + batch)
     K = 4
-    rs, rr = make_pair(shape, 7, 6, K, "replay", "float32", None, torch.bfloat16, g)
+    rs, rr = make_pair(shape, 7, 6, K, mode, "float32", lo, torch.bfloat16, g)
     rs.counter, rr.counter = ByteCounter(), ByteCounter()
     p = params(shape, g)
     idx = torch.tensor(IDX4[:batch] if batch < 4 else IDX4, dtype=torch.int32, device=device)
-    live = idx[idx >= 0].long()
-    for step in range(5):
+    want = {("replay", 1): 2, ("replay", 4): 2, ("dual", 1): 1, ("dual", 4): 0}[(mode, batch)]
+    for step in range(7):
         inp = step_inputs(shape, batch, torch.bfloat16, g)
+        route = tk.state_route_period(rs, inp["x"])
+        assert route == want
         y = M.replay_step(rs, **inp, **p, state_indices=idx, out=poisoned(inp["x"]))
-        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx, route=True)
+        yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx, route=route)
         assert rel_err(y, yr) <= out_tol(torch.bfloat16), f"step {step}: {rel_err(y, yr):.3g}"
-        state_check(rs, rr, f"step {step}")
-        assert (rs.cursor[live] == 0).all()
+        assert torch.equal(rs.entries(), rr.entries()) and torch.equal(rs.lo_stale(), rr.lo_stale()), f"step {step}"
+        ckpt_check(rs.hi, rr.hi, f"step {step}: hi")
+        if rs.lo is not None:
+            ckpt_check(rs.lo, rr.lo, f"step {step}: lo")
+        rr.cursor.copy_(rs.cursor)
         resync(rs, rr)
     assert rs.counter == rr.counter
-    monkeypatch.setattr(tk, "SMALL_BATCH_ROUTE", False)
-    assert not tk.takes_eager_route(shape.head_dim, 4, batch, shape.nheads)
 
 
 # ----------------------------------------------------------------------------- flush, verify, commit
@@ -1102,6 +1118,11 @@ plans = {
                                          state_indices=idx)[0],
 }
 plans["refresh lo dual fp8"] = tk.plan_refresh_lo(rs("dual", "float8_e4m3"), idx, b)   # a routed dual state's verify
+# batch 4: the shipped small-batch routes (fp32: the deferred route, 8 x 1, period 2; dual: every step at batch 2)
+plans["replay fp32 b4 deferred route"] = tk.plan_replay_step(rs("replay"), **{k: v[:4] for k, v in inp(
+    torch.bfloat16).items()}, **p, state_indices=idx[:4])[0]
+plans["replay dual bf16 b2 route"] = tk.plan_replay_step(rs("dual", "bfloat16"), **{k: v[:2] for k, v in inp(
+    torch.bfloat16).items()}, **p, state_indices=idx[:2])[0]
 tk.OVERRIDE["verify"] = dict(gram=True)     # the verify's Gram pre-pass (opt-in, session 19)
 plans["verify T4 fp32 gram"] = tk.plan_verify(rs("replay", K=16, L=20), **inp(torch.bfloat16, T=4), **p,
                                               state_indices=idx)[0]
@@ -1123,11 +1144,6 @@ plans["super replay eager route fp32"] = tk.plan_replay_step(rs2("replay"), **in
                                                              state_indices=idx)[0]
 plans["super replay eager route dual bf16"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16),
                                                                   **p, state_indices=idx)[0]
-tk.OVERRIDE["replay"] = dict(route="eager", block_p=32, warps=8, route_k=2)     # the deferred route (period 2)
-plans["super replay deferred route fp32"] = tk.plan_replay_step(rs2("replay"), **inp(torch.bfloat16), **p,
-                                                                state_indices=idx)[0]
-plans["super replay deferred route dual bf16"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16),
-                                                                     **p, state_indices=idx)[0]
 tk.OVERRIDE["replay"] = dict(tk._LEAN, pf=1)     # the lean step with the state tile's L2 hint (tuning)
 plans["super replay fp32 pf1"] = tk.plan_replay_step(rs2("replay"), **inp(torch.bfloat16), **p, state_indices=idx)[0]
 plans["super replay dual bf16 pf1"] = tk.plan_replay_step(rs2("dual", "bfloat16"), **inp(torch.bfloat16), **p,
