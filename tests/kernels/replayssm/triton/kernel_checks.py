@@ -69,3 +69,25 @@ def check_route_words(rs, rr, before: torch.Tensor, live: torch.Tensor, deferred
     assert torch.equal(epoch_of(rs.cursor[live]), want), f"{what}: epochs"
     assert (rs.route_epoch[live].long() == want[:, None, None]).all(), f"{what}: route_epoch"
     return int(coherent.sum())
+
+
+
+def check_epoch_wrap(rs, rr, step, ckpt_check) -> None:
+    """The deferred route (period 2) over slots 0-2, whose counts the caller has left at 0 in both
+    states: slot 0's word and recorded epochs set to 127 here (the next store wraps to 1, never
+    0), slot 1's word to epoch 5 with epochs recorded at 9 (stale: not taken for a sibling's
+    store, so the ticket and epoch 1), slot 2's word 0. step(): one route step of both states,
+    returning (kernel output, reference output), bf16 activations; ckpt_check: the family's
+    checkpoint comparison."""
+    rs.cursor[:3] = torch.tensor([127 << EPOCH_SHIFT, 5 << EPOCH_SHIFT, 0], dtype=torch.int32)
+    rs.route_epoch[0] = 127
+    rs.route_epoch[1] = 9
+    for i in range(3):
+        o, o_ref = step()
+        assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"step {i}"
+        assert torch.equal(rs.cursor & CURSOR_MASK, rr.cursor & CURSOR_MASK), f"step {i}: counts"
+        ckpt_check(rs.hi, rr.hi, f"step {i}: hi")
+        if i == 0:
+            assert epoch_of(rs.cursor[:3]).tolist() == [1, 1, 1]
+    assert epoch_of(rs.cursor[:3]).tolist() == [3, 3, 3]
+    assert (rs.route_epoch[:3] == 3).all()
