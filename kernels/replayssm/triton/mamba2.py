@@ -174,9 +174,11 @@ SMALL_BATCH_ROUTE = True
 # 9.40 vs 10.76 us, b8 15.48 vs 19.15, b16 26.81 vs 35.78). bf16 state: the lean kernel loses
 # to the route up to b16 (b8 Nano 12.78 vs 10.49 us, b16 19.67 vs 18.73; s7b vs
 # h200-small-batch-bf16-20261130) and wins at b32.
+# Since session 32 fp32 reads route to batch 4, but only Nano's deferred-route row goes past 2
+# (the rows' max_b): the every-step route and dual states buffer from batch 3 as before.
 ROUTE_BATCH = {4: 4, 2: 16}
 # Dual states take the route on their high copy alone, as fp32 states do (the (4, "route") rows,
-# batch <= ROUTE_BATCH[4]): the low copy is not written there but marked stale (LO_STALE) and
+# at most batch 2): the low copy is not written there but marked stale (LO_STALE) and
 # the next buffered step flushes, refreshing it (session 18; before, the route wrote both
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
