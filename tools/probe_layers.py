@@ -230,10 +230,11 @@ def time_m2_eager(model_name, batch, store=True, steps=16):
     return t.median_us
 
 
-def time_m2_route(model_name, method, batch, route_k=None, block_p=None, warps=None, maxnreg=None, steps=16):
-    """us per step per layer of a Mamba-2 replay method through the sweep's Layer objects, with
-    the small-batch route forced (OVERRIDE["replay"]: route "eager", route_k, block_p x warps,
-    maxnreg; None: the table's row as shipped), the sweep's layer count."""
+@contextlib.contextmanager
+def m2_route(route_k=None, block_p=None, warps=None, maxnreg=None):
+    """Within the block, Mamba-2's replay step forced onto the small-batch route
+    (OVERRIDE["replay"]: route "eager", route_k, block_p x warps, maxnreg); route_k None: the
+    table as shipped. The override is restored after."""
     saved = dict(MK.OVERRIDE.get("replay", {}))
     try:
         if route_k is not None:
@@ -241,9 +242,17 @@ def time_m2_route(model_name, method, batch, route_k=None, block_p=None, warps=N
             if block_p is not None:
                 ov.update(block_p=block_p, warps=warps)
             MK.OVERRIDE["replay"] = ov
-        return time_layers(model_name, method, "triton", batch, "float32", sweep_layers(model_name, batch), steps)
+        yield
     finally:
         MK.OVERRIDE["replay"] = saved
+
+
+def time_m2_route(model_name, method, batch, route_k=None, block_p=None, warps=None, maxnreg=None, steps=16):
+    """us per step per layer of a Mamba-2 replay method through the sweep's Layer objects, with
+    the small-batch route forced (m2_route; route_k None: the table's row as shipped), the
+    sweep's layer count."""
+    with m2_route(route_k, block_p, warps, maxnreg):
+        return time_layers(model_name, method, "triton", batch, "float32", sweep_layers(model_name, batch), steps)
 
 
 def sweep_layers(model_name, batch) -> int:

@@ -11,7 +11,11 @@ Stop), so each launch's gpu__time_duration can be grouped by step (launch i // l
       --metrics gpu__time_duration.sum --csv python3 tools/probe_route_steps.py qwen3.5-4b replay 1 --route-k 2
   python3 tools/probe_route_steps.py --summarise ncu.csv --layers 64
 
-(--route-k with --block-v / --warps patch the table's small-batch route row: probe_layers.patched_route.)"""
+(--route-k with --block-v / --warps patch the table's small-batch route row: GDN's through
+probe_layers.patched_route, Mamba-2's through probe_layers.m2_route, --block-v its rows per
+program. Session 32: DRAM bytes read and written per launch (dram__bytes_read.sum /
+dram__bytes_write.sum in --metrics) are summarised per step too, in MB: with the caches left
+alone they show where a step's writes reach DRAM, which may be a later launch.)"""
 from __future__ import annotations
 
 import argparse
@@ -26,14 +30,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def run(a) -> None:
     import torch
-    from probe_layers import get_model, Layer, _inputs, patched_route, sweep_layers
+    from probe_layers import get_model, Layer, _inputs, m2_route, patched_route, sweep_layers
     model = get_model(a.model)
     nl = sweep_layers(a.model, a.batch)
     gen = torch.Generator().manual_seed(3)
     lo = "bfloat16" if a.method == "replay-dual" else "none"
     kk = 16 if a.method.startswith("replay") else 0
-    route = {"BLOCK_V": a.block_v, "num_warps": a.warps} if a.route_k is not None else None
-    with patched_route(a.batch, a.route_k, route):
+    if model.op == "mamba2":
+        ctx = m2_route(a.route_k, a.block_v, a.warps) if a.route_k is not None else m2_route()
+    else:
+        ctx = patched_route(a.batch, a.route_k, {"BLOCK_V": a.block_v, "num_warps": a.warps}
+                            if a.route_k is not None else None)
+    with ctx:
         layers = [Layer(model.op, model.ssm, a.method, "triton", a.batch, kk, kk, "float32", lo, "cuda", gen)
                   for _ in range(nl)]
         inp, params = _inputs(model.op, model.ssm, a.batch, "cuda", gen)
@@ -51,21 +59,33 @@ def run(a) -> None:
         torch.cuda.cudart().cudaProfilerStop()
 
 
+# metric -> (what a summary line says, value in its unit from ncu's value and unit)
+METRICS = {
+    "gpu__time_duration.sum": ("us per step", lambda v, unit: v / 1e3 if unit in ("nsecond", "ns") else v),
+    "dram__bytes_read.sum": ("MB read per step", lambda v, unit: v / 1e6 if unit in ("byte", "B") else v),
+    "dram__bytes_write.sum": ("MB written per step", lambda v, unit: v / 1e6 if unit in ("byte", "B") else v),
+}
+
+
 def summarise(path: str, layers: int, label: str) -> None:
-    """Median us per step index (launch i // layers) of every kernel named in ncu's CSV."""
+    """Median per step index (launch i // layers) of every kernel named in ncu's CSV, one line
+    per kernel and metric of METRICS found (time in us, DRAM bytes in MB)."""
     text = open(path).read()
     start = text.find('"ID"')
     by = {}
     for r in csv.DictReader(io.StringIO(text[start:])):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
+        metric = r.get("Metric Name")
+        if metric not in METRICS:
             continue
-        v = float(r["Metric Value"].replace(",", ""))
-        us = v / 1e3 if r["Metric Unit"] in ("nsecond", "ns") else v
-        by.setdefault(r["Kernel Name"].split("(")[0], []).append(us)
-    for name, ts in by.items():
-        steps = [ts[i:i + layers] for i in range(0, len(ts), layers)]
-        med = " ".join(f"{statistics.median(s):6.2f}" for s in steps)
-        print(f"{label:40s} {name:32s} launches {len(ts):4d}  us per step: {med}")
+        v = METRICS[metric][1](float(r["Metric Value"].replace(",", "")), r["Metric Unit"])
+        by.setdefault((metric, r["Kernel Name"].split("(")[0]), []).append(v)
+    for metric in METRICS:
+        for (m, name), ts in by.items():
+            if m != metric:
+                continue
+            steps = [ts[i:i + layers] for i in range(0, len(ts), layers)]
+            med = " ".join(f"{statistics.median(s):6.2f}" for s in steps)
+            print(f"{label:40s} {name:32s} launches {len(ts):4d}  {METRICS[metric][0]}: {med}")
 
 
 def main() -> None:
@@ -74,7 +94,7 @@ def main() -> None:
     ap.add_argument("method", nargs="?", choices=["eager", "replay", "replay-dual"])
     ap.add_argument("batch", nargs="?", type=int)
     ap.add_argument("--route-k", type=int, default=None)
-    ap.add_argument("--block-v", type=int, default=4)
+    ap.add_argument("--block-v", type=int, default=4, help="rows per program of the patched route")
     ap.add_argument("--warps", type=int, default=1)
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)

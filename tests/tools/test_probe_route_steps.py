@@ -8,9 +8,9 @@ HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","S
         '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
 
 
-def row(i, kernel, ns):
+def row(i, kernel, ns, metric="gpu__time_duration.sum", unit="nsecond"):
     return (f'"{i}","1","python3","127.0.0.1","{kernel}(int *, float *)","1","7","(32, 1, 1)","(32, 32, 1)","0",'
-            f'"9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","{ns:,}"\n')
+            f'"9.0","Command line profiler metrics","{metric}","{unit}","{ns:,}"\n')
 
 
 def test_median_per_step_of_each_kernel(tmp_path):
@@ -32,6 +32,29 @@ def test_median_per_step_of_each_kernel(tmp_path):
     assert defer.split("us per step:")[1].split() == ["4.11", "3.62", "4.07"]
     other = next(ln for ln in lines if "_other_kernel" in ln)
     assert other.split("us per step:")[1].split() == ["1.60"]
+
+
+def test_dram_bytes_per_step_in_mb(tmp_path):
+    # the DRAM metrics (session 32) summarised per step beside the durations: 2 layers x 2 steps,
+    # the first step writing 4 MB a launch, the second none (its write-backs land elsewhere)
+    text = HEAD
+    for i, (ns, rd, wr) in enumerate([(4100, 4194304, 4194304), (4120, 4194304, 4194304),
+                                      (3600, 4194304, 0), (3640, 4194304, 0)]):
+        text += row(i, "_replay_defer_kernel", ns)
+        text += row(i, "_replay_defer_kernel", rd, "dram__bytes_read.sum", "byte")
+        text += row(i, "_replay_defer_kernel", wr, "dram__bytes_write.sum", "byte")
+    text += row(9, "_replay_defer_kernel", 5, "sm__cycles_elapsed.avg", "cycle")     # other metrics: left out
+    path = tmp_path / "ncu.csv"
+    path.write_text(text)
+    r = subprocess.run([sys.executable, str(TOOL), "--summarise", str(path), "--layers", "2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert [ln.split("launches")[1].split(":")[0].split(None, 1)[1] for ln in lines] == \
+        ["us per step", "MB read per step", "MB written per step"]
+    assert lines[0].split(":")[1].split() == ["4.11", "3.62"]
+    assert lines[1].split(":")[1].split() == ["4.19", "4.19"]
+    assert lines[2].split(":")[1].split() == ["4.19", "0.00"]
 
 
 def test_needs_a_case_or_a_csv():
