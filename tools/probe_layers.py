@@ -153,12 +153,18 @@ def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None, conf
                 kern, meta = _eager_probe_kernel, {**_probe_meta(meta), "LOAD_EV": ev[0], "STORE_EV": ev[1]}
             plans.append((kern, grid, args, meta))
 
+    del layers
+    return _time_launches(plans, steps, nl)
+
+
+def _time_launches(plans, steps, nl):
+    """us per launch of `plans` ((kernel, grid, args, meta) a layer step) run `steps` times a
+    CUDA-graph sample over nl layers' worth of launches."""
     def sample():
         for _ in range(steps):
             for kern, grid, args, meta in plans:
                 kern[grid](*args, **meta)
     t = measure(sample, DEV, TIMING, per=steps * nl)
-    del layers, plans
     torch.cuda.empty_cache()
     return t.median_us
 
@@ -218,16 +224,9 @@ def time_m2_eager(model_name, batch, store=True, steps=16):
     plans = []
     for lay in layers:
         (ln,), _ = MK.plan_eager_step(lay.state, **inp, **params, state_indices=idx, out=y)
-        plans.append((ln.grid, ln.args, dict(ln.meta, STORE_STATE=store)))
-
-    def sample():
-        for _ in range(steps):
-            for grid, args, meta in plans:
-                _m2_eager_probe_kernel[grid](*args, **meta)
-    t = measure(sample, DEV, TIMING, per=steps * nl)
-    del layers, plans
-    torch.cuda.empty_cache()
-    return t.median_us
+        plans.append((_m2_eager_probe_kernel, ln.grid, ln.args, dict(ln.meta, STORE_STATE=store)))
+    del layers
+    return _time_launches(plans, steps, nl)
 
 
 @contextlib.contextmanager
