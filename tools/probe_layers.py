@@ -79,16 +79,9 @@ def time_nostore(model_name, batch, nl=64, steps=16):
     for lay in layers:
         _, grid, args, meta = TK.plan_eager(lay.state, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], idx,
                                             scale, o)
-        plans.append((grid, args, meta))
-
-    def sample():
-        for _ in range(steps):
-            for grid, args, meta in plans:
-                _eager_probe_kernel[grid](*args, **_probe_meta(meta), STORE_STATE=False)
-    t = measure(sample, DEV, TIMING, per=steps * nl)
-    del layers, plans
-    torch.cuda.empty_cache()
-    return t.median_us
+        plans.append((_eager_probe_kernel, grid, args, dict(_probe_meta(meta), STORE_STATE=False)))
+    del layers
+    return _time_launches(plans, steps, nl)
 
 
 def _probe_meta(meta: dict) -> dict:

@@ -364,10 +364,12 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
     v = dict(REPLAY_DEFAULTS, chunks=1)
     key = (min(read_bytes, 4), "one" if batch <= 1 else _bucket(batch, nheads))
     rb = min(hi_bytes, 4) if dual else key[0]     # the copy the route reads and writes
+    row = None
     if SMALL_BATCH_ROUTE and batch <= ROUTE_BATCH.get(rb, 0) and (rb, "route") in REPLAY_CONFIGS:
-        if batch <= _pick(REPLAY_CONFIGS[(rb, "route")], P, batch * nheads, dual).get("max_b", batch):
-            key = (rb, "route")
-    v.update(_pick(REPLAY_CONFIGS[key], P, batch * nheads, dual))
+        row = _pick(REPLAY_CONFIGS[(rb, "route")], P, batch * nheads, dual)
+        if batch > row.get("max_b", batch):     # past the row's batches: the step buffers
+            row = None
+    v.update(row if row is not None else _pick(REPLAY_CONFIGS[key], P, batch * nheads, dual))
     v.update(OVERRIDE.get("replay", {}))
     chunks = v["chunks"] if v["chunks"] > 0 else triton.cdiv(P, v["block_p"])
     rows = min(_np2(v["block_p"] * chunks), _np2(P))
