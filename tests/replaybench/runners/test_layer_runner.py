@@ -10,6 +10,7 @@ from replaybench.models import get_model
 from replaybench.runners import RunContext, SkipCase
 from replaybench.runners import layer as layer_runner
 from replaybench.scenario import Case, TimingConfig, load_scenario, make_case_id
+from replaybench.timing import Timing
 from replaybench.traffic import step_traffic
 
 REPO = Path(__file__).resolve().parents[3]
@@ -42,15 +43,11 @@ def one_thread():
                                              ("tiny-gdn", "replay-shared-low", "bfloat16")])
 def test_runner_columns(model, method, lo, one_thread):
     c = case(model, method, lo=lo)
-    # CPU times on a small shared machine are noisy (CI runs the suite on every core at once): the
-    # fastest samples (the SSM op is part of the layer step) and the medians' share get up to three
-    # tries to order (one CI run saw the SSM op's fastest sample 17 % above the whole step's)
-    for _ in range(3):
-        row = layer_runner.run(c, RunContext(device="cpu", timing=TIMING))
-        if 0 < row["ssm_min_us"] <= row["min_us"] and 0 < row["ssm_share"] <= 1:
-            break
-    assert 0 < row["ssm_min_us"] <= row["min_us"], row
-    assert 0 < row["ssm_share"] <= 1, row
+    # real CPU timings: the two measurements (whole step, SSM op alone) are separate runs on a
+    # small shared machine, so their order is noise here (one CI run saw the SSM op's fastest
+    # sample 22 % above the whole step's); test_runner_times_per_step checks the normalisation
+    row = layer_runner.run(c, RunContext(device="cpu", timing=TIMING))
+    assert row["ssm_min_us"] > 0 and row["min_us"] > 0 and row["ssm_share"] > 0, row
     assert row["median_us"] > 0 and row["ssm_us"] > 0 and row["samples"] >= 1 and row["ssm_samples"] >= 1
     assert math.isclose(row["non_ssm_us"], row["median_us"] - row["ssm_us"])
     assert math.isclose(row["ssm_share"], row["ssm_us"] / row["median_us"])
@@ -64,6 +61,43 @@ def test_runner_columns(model, method, lo, one_thread):
     assert row["steps_per_sample"] == max(c.flush_period, 1)
     for k in ("iqr_us", "mean_us", "min_us", "rel_iqr", "discarded", "sm_clock_mhz", "throttle", "flops_model"):
         assert k in row
+
+
+@pytest.mark.parametrize("model,method", [("tiny-mamba2", "replay"), ("tiny-gdn", "eager")])
+def test_runner_times_per_step(model, method, monkeypatch):
+    """Each measurement is divided by the steps and layers its sample ran: with a fake clock that
+    charges one unit per call to each part of a step (in-projection, SSM op, out-projection), the
+    whole step costs 3 units and the SSM op 1."""
+    c = case(model, method, lo="none")
+    calls = [0]
+
+    def counted(layer):
+        for name in ("ssm_inputs", "ssm_only", "finish"):
+            part = getattr(layer, name)
+
+            def charged(*a, _part=part, **k):
+                calls[0] += 1
+                return _part(*a, **k)
+            setattr(layer, name, charged)
+        return layer
+
+    make = layer_runner.make_layer
+    monkeypatch.setattr(layer_runner, "make_layer", lambda *a, **k: counted(make(*a, **k)))
+
+    def fake_measure(fn, device, cfg, per=1):
+        calls[0] = 0
+        fn()
+        us = calls[0] / per
+        return Timing(median_us=us, iqr_us=0.0, samples=1, discarded=0, mean_us=us, min_us=us)
+
+    monkeypatch.setattr(layer_runner, "measure", fake_measure)
+    # as on a GPU: several layers for the step, more states again for the SSM op alone
+    sizes = iter([2, 3])
+    monkeypatch.setattr(layer_runner, "layers_for", lambda nbytes, device: next(sizes))
+    row = layer_runner.run(c, RunContext(device="cpu", timing=TIMING))
+    assert (row["layers"], row["ssm_layers"]) == (2, 3)
+    assert row["median_us"] == row["min_us"] == 3.0 and row["ssm_us"] == row["ssm_min_us"] == 1.0, row
+    assert row["ssm_share"] == pytest.approx(1 / 3) and row["non_ssm_us"] == 2.0
 
 
 def test_check_against_reference_is_zero_for_reference():
