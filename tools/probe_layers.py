@@ -203,9 +203,9 @@ def _m2_eager_probe_kernel(
                      y_ptr + b * s_y_b + h * s_y_h, offs_p, mask_p, in_p, HAS_Z, EXACT)
 
 
-def time_m2_eager(model_name, batch, store=True, steps=16):
-    """us per step per layer of the Mamba-2 eager step as the probe copy (store False: without
-    its state store), fp32, the sweep's layer count."""
+def m2_eager_plans(model_name, batch, store=True):
+    """The Mamba-2 eager step as the probe copy (store False: without its state store), fp32,
+    the sweep's layer count: ([(kernel, grid, args, meta)] one launch per layer, nl)."""
     model = get_model(model_name)
     gen = torch.Generator().manual_seed(3)
     nl = sweep_layers(model_name, batch)
@@ -218,7 +218,12 @@ def time_m2_eager(model_name, batch, store=True, steps=16):
     for lay in layers:
         (ln,), _ = MK.plan_eager_step(lay.state, **inp, **params, state_indices=idx, out=y)
         plans.append((_m2_eager_probe_kernel, ln.grid, ln.args, dict(ln.meta, STORE_STATE=store)))
-    del layers
+    return plans, nl
+
+
+def time_m2_eager(model_name, batch, store=True, steps=16):
+    """us per step per layer of m2_eager_plans' launches in a CUDA graph."""
+    plans, nl = m2_eager_plans(model_name, batch, store)
     return _time_launches(plans, steps, nl)
 
 

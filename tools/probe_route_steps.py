@@ -15,7 +15,9 @@ Stop), so each launch's gpu__time_duration can be grouped by step (launch i // l
 probe_layers.patched_route, Mamba-2's through probe_layers.m2_route, --block-v its rows per
 program. Session 32: DRAM bytes read and written per launch (dram__bytes_read.sum /
 dram__bytes_write.sum in --metrics) are summarised per step too, in MB: with the caches left
-alone they show where a step's writes reach DRAM, which may be a later launch.)"""
+alone they show where a step's writes reach DRAM, which may be a later launch. Session 33:
+methods eager-probe / eager-nostore launch probe_layers' copy of the Mamba-2 eager kernel with
+and without its state store, to set the per-launch cost of the store beside the routes'.)"""
 from __future__ import annotations
 
 import argparse
@@ -28,9 +30,37 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def run_probe(a) -> None:
+    """Session 33: the Mamba-2 eager step's probe copy (probe_layers.m2_eager_plans), with its
+    state store (method eager-probe) or without (eager-nostore), launched as run() launches."""
+    import torch
+    from probe_layers import m2_eager_plans
+    plans, nl = m2_eager_plans(a.model, a.batch, store=a.method == "eager-probe")
+
+    def step():
+        for kern, grid, args, meta in plans:
+            kern[grid](*args, **meta)
+    _profile(step, a, nl, torch)
+
+
+def _profile(step, a, nl, torch) -> None:
+    """`step` (one step over every layer) a.warm times, then a.steps times inside the profiled range."""
+    for _ in range(a.warm):
+        step()
+    torch.cuda.synchronize()
+    print(f"# {a.model} {a.method} b{a.batch} route_k {a.route_k} layers {nl}", file=sys.stderr)
+    torch.cuda.cudart().cudaProfilerStart()
+    for _ in range(a.steps):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def run(a) -> None:
     import torch
     from probe_layers import get_model, Layer, _inputs, m2_route, patched_route, sweep_layers
+    if a.method in PROBES:
+        return run_probe(a)
     model = get_model(a.model)
     nl = sweep_layers(a.model, a.batch)
     gen = torch.Generator().manual_seed(3)
@@ -46,18 +76,15 @@ def run(a) -> None:
                   for _ in range(nl)]
         inp, params = _inputs(model.op, model.ssm, a.batch, "cuda", gen)
         idx = torch.arange(a.batch, dtype=torch.int32, device="cuda")
-        for _ in range(a.warm):
-            for lay in layers:
-                lay.step(inp, params, idx)
-        torch.cuda.synchronize()
-        print(f"# {a.model} {a.method} b{a.batch} route_k {a.route_k} layers {nl}", file=sys.stderr)
-        torch.cuda.cudart().cudaProfilerStart()
-        for _ in range(a.steps):
-            for lay in layers:
-                lay.step(inp, params, idx)
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
 
+        def step():
+            for lay in layers:
+                lay.step(inp, params, idx)
+        _profile(step, a, nl, torch)
+
+
+# Mamba-2 only: probe_layers' copy of the eager kernel, with and without its state store
+PROBES = ("eager-probe", "eager-nostore")
 
 # metric -> (what a summary line says, value in its unit from ncu's value and unit)
 METRICS = {
@@ -91,7 +118,7 @@ def summarise(path: str, layers: int, label: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?")
-    ap.add_argument("method", nargs="?", choices=["eager", "replay", "replay-dual"])
+    ap.add_argument("method", nargs="?", choices=["eager", "replay", "replay-dual", *PROBES])
     ap.add_argument("batch", nargs="?", type=int)
     ap.add_argument("--route-k", type=int, default=None)
     ap.add_argument("--block-v", type=int, default=4, help="rows per program of the patched route")

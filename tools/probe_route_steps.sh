@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Session 31: per-launch durations (Nsight Compute) of the small-batch steps, grouped by step:
-#   source tools/device_env.sh; bash tools/probe_route_steps.sh [gdn|mamba2] > $OUT/probe_route_steps.txt
+#   source tools/device_env.sh; bash tools/probe_route_steps.sh [gdn|mamba2|m2nostore] > $OUT/probe_route_steps.txt
 # (see tools/probe_route_steps.py; one ncu run per line of the list, CSVs kept in $OUT/ncu_steps/;
-# gdn, the default: session 31's list, durations only; mamba2: session 32's, with DRAM bytes)
+# gdn, the default: session 31's list, durations only; mamba2: session 32's, with DRAM bytes;
+# m2nostore: session 33's, the eager kernel's probe copy with and without its state store beside
+# the deferred route's appending step, in order of need, so a run cut short keeps the first)
 set -u
 NCU=$(python3 -c "from replaybench.ncu import ncu_path; print(ncu_path())")
 mkdir -p "$OUT/ncu_steps"
 WHICH=${1:-gdn}
 METRICS=gpu__time_duration.sum
-[ "$WHICH" = mamba2 ] && METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+[ "$WHICH" != gdn ] && METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
 LIST_GDN='qwen3.5-4b eager 1
 qwen3.5-4b replay 1
 qwen3.5-4b replay 1 --route-k 2
@@ -23,7 +25,17 @@ nemotron-3-super-120b-a12b replay 1
 nemotron-3-super-120b-a12b replay 1 --route-k 2 --block-v 32 --warps 8
 nemotron-3-nano-4b eager 1
 nemotron-3-nano-4b replay 1'
-LIST=$LIST_GDN; [ "$WHICH" = mamba2 ] && LIST=$LIST_MAMBA2
+LIST_M2NOSTORE='nemotron-3-super-120b-a12b eager-probe 1
+nemotron-3-super-120b-a12b eager-nostore 1
+nemotron-3-super-120b-a12b replay 1 --route-k 2 --block-v 32 --warps 8
+nemotron-3-nano-4b eager-nostore 1
+nemotron-3-nano-4b eager-probe 1'
+case $WHICH in
+  gdn) LIST=$LIST_GDN ;;
+  mamba2) LIST=$LIST_MAMBA2 ;;
+  m2nostore) LIST=$LIST_M2NOSTORE ;;
+  *) echo "probe_route_steps.sh: unknown list '$WHICH'; allowed: gdn, mamba2, m2nostore" >&2; exit 2 ;;
+esac
 while read -r model method batch extra; do
   [ -z "$model" ] && continue
   tag="$model-$method-b$batch${extra:+-$(echo $extra | tr -d ' -')}"
