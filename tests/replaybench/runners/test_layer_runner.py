@@ -1,5 +1,6 @@
-"""The layer runner on the tiny CPU models (reference backend): sane columns, ssm_share in
-(0, 1], bytes add up; skips; the layer scenarios parse."""
+"""The layer runner on the tiny CPU models (reference backend): sane columns, bytes add up,
+times per step and layer (a fake clock: the SSM op a third of a step); skips; the layer
+scenarios parse."""
 import math
 from pathlib import Path
 
