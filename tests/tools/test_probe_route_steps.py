@@ -1,4 +1,5 @@
 """tools/probe_route_steps.py --summarise on a hand-made Nsight Compute CSV (--csv --print-units base)."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,12 @@ def test_dram_bytes_per_step_in_mb(tmp_path):
 def test_needs_a_case_or_a_csv():
     r = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True)
     assert r.returncode == 2 and "MODEL METHOD BATCH" in r.stderr
+
+
+def test_script_names_its_lists(tmp_path):
+    # the shell wrapper: an unknown list is refused before anything is profiled, naming the lists
+    r = subprocess.run(["bash", str(TOOL.with_suffix(".sh")), "m2nostor"], capture_output=True, text=True,
+                       env={**os.environ, "OUT": str(tmp_path)})
+    assert r.returncode == 2, r.stderr
+    assert "unknown list 'm2nostor'" in r.stderr and "gdn, mamba2, m2nostore" in r.stderr
+    assert list((tmp_path / "ncu_steps").iterdir()) == []
