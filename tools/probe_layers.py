@@ -150,13 +150,18 @@ def time_eager_launches(model_name, batch, sd, nl, steps, parts=1, ev=None, conf
     return _time_launches(plans, steps, nl)
 
 
+def launch_plans(plans) -> None:
+    """One step: every launch of `plans` ((kernel, grid, args, meta), one a layer), in order."""
+    for kern, grid, args, meta in plans:
+        kern[grid](*args, **meta)
+
+
 def _time_launches(plans, steps, nl):
     """us per launch of `plans` ((kernel, grid, args, meta) a layer step) run `steps` times a
     CUDA-graph sample over nl layers' worth of launches."""
     def sample():
         for _ in range(steps):
-            for kern, grid, args, meta in plans:
-                kern[grid](*args, **meta)
+            launch_plans(plans)
     t = measure(sample, DEV, TIMING, per=steps * nl)
     torch.cuda.empty_cache()
     return t.median_us

@@ -30,21 +30,21 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+# Mamba-2 only: probe_layers' copy of the eager kernel, with and without its state store
+PROBES = ("eager-probe", "eager-nostore")
+
+
 def run_probe(a) -> None:
     """Session 33: the Mamba-2 eager step's probe copy (probe_layers.m2_eager_plans), with its
     state store (method eager-probe) or without (eager-nostore), launched as run() launches."""
-    import torch
-    from probe_layers import m2_eager_plans
+    from probe_layers import launch_plans, m2_eager_plans
     plans, nl = m2_eager_plans(a.model, a.batch, store=a.method == "eager-probe")
-
-    def step():
-        for kern, grid, args, meta in plans:
-            kern[grid](*args, **meta)
-    _profile(step, a, nl, torch)
+    _profile(lambda: launch_plans(plans), a, nl)
 
 
-def _profile(step, a, nl, torch) -> None:
+def _profile(step, a, nl) -> None:
     """`step` (one step over every layer) a.warm times, then a.steps times inside the profiled range."""
+    import torch
     for _ in range(a.warm):
         step()
     torch.cuda.synchronize()
@@ -67,7 +67,7 @@ def run(a) -> None:
     lo = "bfloat16" if a.method == "replay-dual" else "none"
     kk = 16 if a.method.startswith("replay") else 0
     if model.op == "mamba2":
-        ctx = m2_route(a.route_k, a.block_v, a.warps) if a.route_k is not None else m2_route()
+        ctx = m2_route(a.route_k, a.block_v, a.warps)      # route_k None: the table as shipped
     else:
         ctx = patched_route(a.batch, a.route_k, {"BLOCK_V": a.block_v, "num_warps": a.warps}
                             if a.route_k is not None else None)
@@ -80,11 +80,8 @@ def run(a) -> None:
         def step():
             for lay in layers:
                 lay.step(inp, params, idx)
-        _profile(step, a, nl, torch)
+        _profile(step, a, nl)
 
-
-# Mamba-2 only: probe_layers' copy of the eager kernel, with and without its state store
-PROBES = ("eager-probe", "eager-nostore")
 
 # metric -> (what a summary line says, value in its unit from ncu's value and unit)
 METRICS = {

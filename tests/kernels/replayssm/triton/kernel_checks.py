@@ -71,7 +71,6 @@ def check_route_words(rs, rr, before: torch.Tensor, live: torch.Tensor, deferred
     return int(coherent.sum())
 
 
-
 def check_epoch_wrap(rs, rr, step, ckpt_check) -> None:
     """The deferred route (period 2) over slots 0-2, whose counts the caller has left at 0 in both
     states: slot 0's word and recorded epochs set to 127 here (the next store wraps to 1, never
