@@ -246,7 +246,14 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # again on another H200 (_s23c): b256 235.9 / 221.0, b512 454.4 / 426.5, and b128 (then 16-row
     # programs, 122.4) 127.4 / 118.6. The bf16 state, b256: 195.0 / 197.4 (with a hint ahead of
     # the fold, which did not change the dual times: _s23a); Nano's 16-row programs lost with it.
-    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True),
+    # Session 34: that dual row under a 96-register budget (maxnreg): ptxas spills 96 bytes, all
+    # of them in the flushing programs' fold (the output path's SASS has no local loads or
+    # stores), and 21 programs fit an SM instead of 16 (ncu: the row at 128 registers ran at 25 %
+    # theoretical occupancy, 22 % achieved, DRAM 68 % of peak, 57 % of its stalls on L1TEX
+    # scoreboards; results/device-logs-20261203-s34/ncu_super_replay-dual_s34a.txt). Super dual
+    # bf16, us, 128 registers / 96 / 80 / 72 (tune_mamba2_s34a.txt): b128 117.9 / 115.9 / 117.5
+    # / 118.8, b256 219.7 / 213.3 / 214.1 / 215.1, b512 424.3 / 410.9 / 414.3 / 412.8.
+    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True, maxnreg=96),
                    dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)

@@ -1160,7 +1160,10 @@ print(json.dumps(out))
 # Nano's dual fp8 replay step, 32 rows x 1 warp (row-scaled copies fold whole rows): 255 registers
 # and a 72-byte spill; timed as compiled, 279.5 / 285.9 us at b256 vs 344.2 / 349.7 for the
 # spill-free 16-row step (results/device-logs-20261201-s19/tune_mamba2_s19c.txt, _s19b.txt).
-SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12, "replay dual fp8": 72}
+# Super's dual bf16 step from batch x heads 16384 (32 rows x 1 warp): a 96-register budget, 96
+# spilled bytes, all in the flushing programs' fold; 213.3 vs 219.7 us at b256 without the budget
+# (results/device-logs-20261203-s34/tune_mamba2_s34a.txt).
+SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12, "replay dual fp8": 72, "super replay dual bf16": 96}
 
 
 def test_compiles_for_sm90():
