@@ -252,9 +252,17 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # theoretical occupancy, 22 % achieved, DRAM 68 % of peak, 57 % of its stalls on L1TEX
     # scoreboards; results/device-logs-20261203-s34/ncu_super_replay-dual_s34a.txt). Super dual
     # bf16, us, 128 registers / 96 / 80 / 72 (tune_mamba2_s34a.txt): b128 117.9 / 115.9 / 117.5
-    # / 118.8, b256 219.7 / 213.3 / 214.1 / 215.1, b512 424.3 / 410.9 / 414.3 / 412.8.
+    # / 118.8, b256 219.7 / 213.3 / 214.1 / 215.1, b512 424.3 / 410.9 / 414.3 / 412.8. Again,
+    # interleaved, twice each (_s34b): 96 / none / 72: b128 115.6 / 117.6 / 118.9-119.1, b256
+    # 213.2-213.3 / 219.5-219.8 / 214.7-214.9, b512 409.6-411.1 / 424.0-424.8 / 408.0-408.1.
+    # Nano's dual step in the early 16-row programs (80 registers) under a 72-register budget
+    # (4 bytes spilled, in the fold; 28 programs an SM instead of 25), _s34b, us, twice each,
+    # none / 72: b128 114.3-114.5 / 109.8-110.0, b256 217.1-217.3 / 206.5-206.6, b512
+    # 424.8-437.6 / 415.1-417.8. A dual-only row from batch x heads 12288 (Nano b128; Super
+    # reaches it only at batch 96-127, below its own 32-row row).
     (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True, maxnreg=96),
                    dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32),
+                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=12288, dual=True, maxnreg=72),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
