@@ -258,11 +258,12 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # Nano's dual step in the early 16-row programs (80 registers) under a 72-register budget
     # (4 bytes spilled, in the fold; 28 programs an SM instead of 25), _s34b, us, twice each,
     # none / 72: b128 114.3-114.5 / 109.8-110.0, b256 217.1-217.3 / 206.5-206.6, b512
-    # 424.8-437.6 / 415.1-417.8. A dual-only row from batch x heads 12288 (Nano b128; Super
-    # reaches it only at batch 96-127, below its own 32-row row).
+    # 424.8-437.6 / 415.1-417.8; at b64 (_s34c) 63.0 / 61.3-61.5, and Super's dual b64 (the same
+    # row: below its 32-row programs) 66.6-66.7 / 64.4. So a dual-only row with the budget wherever
+    # the early row applied (batch x heads 6144 up to Super's 16384).
     (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True, maxnreg=96),
                    dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32),
-                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=12288, dual=True, maxnreg=72),
+                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, dual=True, maxnreg=72),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
