@@ -2,15 +2,16 @@
 kernels (replaybench/goals.toml, from issue 3), from stored rows only.
 
     load_goals    the targets (package data goals.toml)
-    goals_table   one row per (target, model, batch) the run measures: the measured ratio or
+    goals_table   one row per (target, model, batch, state dtype) the run measures: the measured ratio or
                   bandwidth, met / missed, the margin, and for a ratio the bound the method's
                   byte count sets (ratio at the copy ceiling) and the % of the copy ceiling the
                   method would need to meet the target
     sections      the report's table; empty when no target has rows in the run
 
 Ratios pair as the paper-style section does (report_paper.ratios: same model, batch and state
-dtype; one configuration per model and method, the reference state dtype and a bf16 low copy
-where the run has several). The targets never hold measured numbers: every value is computed
+dtype; one configuration per model and method, a bf16 low copy where the run has several). A
+target that names a state dtype holds at that dtype; one that names none at each dtype the run
+has, each as its own rows (a run of fp32 and bf16 states: both). The targets never hold measured numbers: every value is computed
 here from the run's rows.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .report_paper import _ok, _pct_copy, _throttle_note, batch_rows, method_row
 
 GOALS_FILE = "goals.toml"
 METRICS = ("ratio", "pct_copy")
-GOAL_COLS = ["target", "model", "batch", "method", "baseline", "measured", "min", "status", "margin",
+GOAL_COLS = ["target", "model", "batch", "method", "state_dtype", "baseline", "measured", "min", "status", "margin",
              "bound", "needs_pct_copy", "method_pct_copy", "throttled"]
 
 
@@ -83,24 +84,30 @@ def goals_table(df, goals: list[Goal] | None = None) -> pd.DataFrame:
         return pd.DataFrame(columns=GOAL_COLS)
     ok = _ok(df)
     ok = ok[ok["spec_window"] == 0]
+    # A target without a state dtype holds at every state dtype the run has ("for fp32 *and*
+    # bf16 states"), each on its own: the rows of one dtype are the reference state there.
+    dtypes = sorted(set(ok["state_dtype"]), key=lambda d: (d != "float32", d))
     out = []
     for g in goals:
-        og = ok[ok["state_dtype"] == g.state_dtype] if g.state_dtype else ok
-        models = [m for m in dict.fromkeys(og["model"]) if g.covers(m)]
-        batches = g.batches or tuple(sorted(set(int(b) for b in og["batch"])))
-        if g.metric == "ratio":
-            for r in ratios(og, g.method, g.baseline, 0, batches, models):
-                # the % of copy at which the method's bytes would meet the target against the
-                # baseline as measured (> 100: not within its byte count; NaN with the bound)
-                needs = g.min * 100.0 / r["ratio_at_copy"]
-                out.append(_row(g, r["ratio"], r["method_pct_copy"], r["ratio_at_copy"], needs, r["throttled"],
-                                model=r["model"], batch=r["batch"], method=g.method, baseline=g.baseline))
-        else:
-            for model, rep in method_rows(og, og, g.method, models):
-                for b, r in batch_rows(rep, batches):
-                    pct = _pct_copy(r)
-                    out.append(_row(g, pct, pct, float("nan"), float("nan"), _throttle_note(r, g.method),
-                                    model=model, batch=int(b), method=g.method, baseline="copy ceiling"))
+        for sd in ([g.state_dtype] if g.state_dtype else dtypes):
+            og = ok[ok["state_dtype"] == sd]
+            models = [m for m in dict.fromkeys(og["model"]) if g.covers(m)]
+            batches = g.batches or tuple(sorted(set(int(b) for b in og["batch"])))
+            if g.metric == "ratio":
+                for r in ratios(og, g.method, g.baseline, 0, batches, models):
+                    # the % of copy at which the method's bytes would meet the target against the
+                    # baseline as measured (> 100: not within its byte count; NaN with the bound)
+                    needs = g.min * 100.0 / r["ratio_at_copy"]
+                    out.append(_row(g, r["ratio"], r["method_pct_copy"], r["ratio_at_copy"], needs, r["throttled"],
+                                    model=r["model"], batch=r["batch"], method=g.method, state_dtype=sd,
+                                    baseline=g.baseline))
+            else:
+                for model, rep in method_rows(og, og, g.method, models):
+                    for b, r in batch_rows(rep, batches):
+                        pct = _pct_copy(r)
+                        out.append(_row(g, pct, pct, float("nan"), float("nan"), _throttle_note(r, g.method),
+                                        model=model, batch=int(b), method=g.method, state_dtype=sd,
+                                        baseline="copy ceiling"))
     return pd.DataFrame(out, columns=GOAL_COLS)
 
 
@@ -116,8 +123,9 @@ def sections(df):
     intro = (f"The project's targets for its kernels (replaybench/goals.toml, from issue 3) against this run: "
              f"{counts.get('met', 0)} met, {counts.get('missed', 0)} missed. Targets: {named}. "
              "measured = baseline median / "
-             "method median (same run, model, batch and state dtype; one configuration per model and method, "
-             "as in the paper-style table), or for a bandwidth target the method's modelled bytes / time as % "
+             "method median (same run, model, batch and state dtype; one configuration per model, method and "
+             "state dtype, as in the paper-style table; a target that names no state dtype holds at each of the "
+             "run's), or for a bandwidth target the method's modelled bytes / time as % "
              "of the copy ceiling measured in this run; margin = measured / min - 1; bound = the ratio the "
              "method would reach moving its modelled bytes at the copy ceiling against the baseline as "
              "measured; needs_pct_copy = the % of the copy ceiling the method would have to run at to meet "

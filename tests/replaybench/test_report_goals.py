@@ -124,6 +124,25 @@ def test_ratio_targets_hold_fp32_states_only():
     assert RG.load_goals()[1].state_dtype == "float32" and RG.load_goals()[0].state_dtype == ""
 
 
+def test_targets_without_a_dtype_hold_at_each_of_the_runs():
+    """A run of fp32 and bf16 states: the bandwidth targets and eager-vs-vLLM (no state dtype in
+    goals.toml) get a row per dtype, each measured on that dtype's rows; the fp32 ratio targets
+    stay on fp32 rows."""
+    pct32 = {"eager": 95.0, "replay": 91.0, "replay-dual": 91.0, "vllm-eager": 96.0}
+    bf16 = [dict(r, state_dtype="bfloat16", median_us=r["median_us"] / 2, pct_copy_bw={"eager": 94.0, "replay": 70.0,
+                                                                                       "vllm-eager": 90.0}[r["method"]])
+            for r in rows() if r["method"] != "replay-dual"]
+    t = RG.goals_table(_df(rows(pct=pct32) + bf16))
+    r = t.set_index(["target", "model", "batch", "state_dtype"])
+    assert r.loc[("bw-replay", "qwen3.5-4b", 256, "float32"), "status"] == "met"
+    assert r.loc[("bw-replay", "qwen3.5-4b", 256, "bfloat16"), "measured"] == pytest.approx(70.0)
+    assert r.loc[("bw-replay", "qwen3.5-4b", 256, "bfloat16"), "status"] == "missed"
+    assert r.loc[("eager-vs-vllm", "qwen3.5-4b", 256, "bfloat16"), "measured"] == pytest.approx(540 / 500)
+    assert set(t[t["target"] == "bw-dual"]["state_dtype"]) == {"float32"}          # no bf16 dual rows
+    assert set(t[t["target"] == "replay-b256"]["state_dtype"]) == {"float32"}      # an fp32 target
+    assert not r.index.duplicated().any()
+
+
 def test_no_section_without_a_covered_model():
     tiny = _df(rows()).assign(model="tiny-mamba2")                               # a CPU smoke run's model
     assert RG.sections(tiny) == [] and RG.goals_table(tiny).empty
