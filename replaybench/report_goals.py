@@ -11,8 +11,8 @@ kernels (replaybench/goals.toml, from issue 3), from stored rows only.
 Ratios pair as the paper-style section does (report_paper.ratios: same model, batch and state
 dtype; one configuration per model and method, a bf16 low copy where the run has several). A
 target that names a state dtype holds at that dtype; one that names none at each dtype the run
-has, each as its own rows (a run of fp32 and bf16 states: both). The targets never hold measured numbers: every value is computed
-here from the run's rows.
+has, each as its own rows (a run of fp32 and bf16 states: both). The targets never hold measured
+numbers: every value is computed here from the run's rows.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from .report_paper import _ok, _pct_copy, _throttle_note, batch_rows, method_row
 
 GOALS_FILE = "goals.toml"
 METRICS = ("ratio", "pct_copy")
-GOAL_COLS = ["target", "model", "batch", "method", "state_dtype", "baseline", "measured", "min", "status", "margin",
-             "bound", "needs_pct_copy", "method_pct_copy", "throttled"]
+GOAL_COLS = ["target", "model", "batch", "method", "state_dtype", "baseline", "measured", "min", "status",
+             "margin", "bound", "needs_pct_copy", "method_pct_copy", "throttled"]
 
 
 @dataclass(frozen=True)
