@@ -26,8 +26,8 @@ small-batch route: a flush at every step, eager's traffic), rows per program, wa
 -np buffer tiles loaded in the branch that uses them (not right after the cursor); -nt cursor
 pass instead of the ticket; -late also the state load after the buffered B tile (the first
 version's order); -ev evict_first on the state; -r ptxas register cap (-r0: none, over a table
-row's); -fr rows per fold chunk of flushing programs (default 16); -fc columns per fold chunk (default: whole rows); -pf a
-prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
+row's); -fr rows per fold chunk of flushing programs (default 16); -fc columns per fold chunk
+(default: whole rows); -pf a prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
 buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
 programmatic dependent). default-{flags}: the shipped tables with those flags' knobs over them
 (default-fc32). Eager:
