@@ -490,6 +490,14 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
             for b in (32, 64, 128, 256, 512)},
          **{f"flushtile-bf16-b{b}": ("bf16", [_table("bf16", b)] + [_table("bf16", b, **o) for o in (
              dict(F_NR=1), dict(F_NR=2), dict(F_NR=4))], b, ("q122b", "q4b")) for b in (64, 128, 256, 512)},
+         # session 35: bf16 states' output launch (whole 128-row heads through TMA, 4 warps, 128
+         # registers: 4 programs per SM, 25 % occupancy; Nsight Compute, Qwen3.5-4B b256: 72 % of DRAM
+         # peak, ncu_q4b_replay_bf16_s34e.txt) under register budgets: offline 96 -> 5 programs per SM,
+         # 64-80 bytes spilled; 80 -> 6, 144-216 bytes (112 spills 20-24 and still fits 4). Interleaved,
+         # twice each
+         **{f"budget-bf16-b{b}": ("bf16", [_table("bf16", b), _table("bf16", b, maxnreg=96),
+                                           _table("bf16", b, maxnreg=80)] * 2, b, ("q122b", "q4b"))
+            for b in (128, 256, 512)},
          # the output-only launch's prefetch hints (prepared in session 20, timed in session 21): Nsight Compute
          # (Qwen3.5-122B fp32 b256, ncu_q122b_replay_b256.txt) had its L2 at 95 % of peak with an L1 hit
          # rate of 5 %, as if the L1 hints (PF 2) were fetched twice and hit L1 rarely; the current tile
