@@ -261,10 +261,22 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # 424.8-437.6 / 415.1-417.8; at b64 (_s34c) 63.0 / 61.3-61.5, and Super's dual b64 (the same
     # row: below its 32-row programs) 66.6-66.7 / 64.4. So a dual-only row with the budget wherever
     # the early row applied (batch x heads 6144 up to Super's 16384).
+    # Session 35: the bf16 state's rows under budgets too (16-bit states that are not dual: bf16 /
+    # fp16 states, shared-low). The 32-row programs (96 registers, 21 per SM; Nsight Compute, Super
+    # b256: DRAM 66-67 % of peak, 27.5 % achieved occupancy, ncu_super_replay_bf16_s34e.txt) under
+    # 72 spill 8 bytes, 28 per SM (64: 28 bytes, 32; 80: none, 25); the early 16-row programs (72
+    # registers, 28 per SM) under 64 spill none and fit 32. Interleaved, twice each
+    # (tune_mamba2_s35a.txt), us, none / 80 / 64 / 72: Super b256 (32 rows) 195.8-196.1 / 186.1 /
+    # 179.8-180.0 / 178.8-179.0, b512 374.3-374.4 / 352.6-353.1 / 337.2 / 338.4-340.4; the 16-row
+    # rows at Super b128 106.5-106.7 / 110.6-110.7 / 101.8-102.3 / 108.0, Nano b128 101.4 / 105.8-105.9
+    # / 96.5-96.6 / 102.8-102.9, b256 191.1-191.7 / 201.5-201.8 / 182.5-182.7 / 194.3-194.8, b512
+    # 373.9-377.3 / 395.0-395.8 / 368.6-380.8 / 384.6-396.3 (IQRs of 3-11 us there). The 16-row
+    # programs under 80 compile to 80 registers, under 72 to their own 72 in another schedule: both
+    # ran slower than without a budget.
     (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True, maxnreg=96),
-                   dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32),
+                   dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32, maxnreg=72),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, dual=True, maxnreg=72),
-                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144), _LEAN],
+                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, maxnreg=64), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
     # 314.6 / 321.0 (64 x 2 below), Nano 279.5 / 285.9 vs 344.2 / 349.7 (16 x 1) (_s19c / _s19b);
