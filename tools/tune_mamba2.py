@@ -29,8 +29,7 @@ version's order); -ev evict_first on the state; -r ptxas register cap (-r0: none
 row's); -fr rows per fold chunk of flushing programs (default 16); -fc columns per fold chunk
 (default: whole rows); -pf a prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
 buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
-programmatic dependent); -mma the output route's S C on the tensor cores (16-bit read copies of
-C's dtype). default-{flags}: the shipped tables with those flags' knobs over them
+programmatic dependent). default-{flags}: the shipped tables with those flags' knobs over them
 (default-fc32). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
@@ -108,8 +107,6 @@ def _replay_flags(ov: dict, flags: str, name: str) -> dict:
             ov["bc"] = True
         elif flag == "nopdl":
             ov["pdl"] = False
-        elif flag == "mma":
-            ov["mma"] = True
         else:
             raise ValueError(f"bad flag {flag!r} in {name!r}")
     return ov

@@ -158,9 +158,6 @@ VERIFY_TMA = {(4, "large")}
 #            off: b256 fp32 lean step 341 us with pf 1 or 2 vs 324 (Super), 324 vs 308 (Nano);
 #            fp8 dual 427 vs 318 (Super) (session 9, tools/tune_mamba2.py -pf1 / -pf2).
 #   maxnreg  ptxas register cap per thread (None: ptxas' choice).
-#   mma      the output route's S C on the tensor cores (MMA_SC, _rows_dot_mma), where the read
-#            copy is 16-bit, unscaled and of C's dtype (bf16 states and dual bf16 low copies with
-#            bf16 activations): the tile stays packed, no per-element widening and FMA.
 #   route_k  route "eager" only: its period k (an int 1..127, at most the flush period counts):
 #            the state written at every k-th step (_replay_defer_kernel, k >= 2; the steps
 #            between append their entry, and the next folds it) instead of at every step
@@ -186,7 +183,7 @@ ROUTE_BATCH = {4: 4, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None, route_k=1, mma=False)
+                       maxnreg=None, pf=0, bc=False, pdl=None, route_k=1)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -289,7 +286,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
-# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=, mma=) and OVERRIDE["eager"] = dict(block_p=,
+# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=) and OVERRIDE["eager"] = dict(block_p=,
 # chunks=, warps=, evict=) replace the table entries above for every shape (only keys given).
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}
@@ -420,7 +417,7 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
             "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
-            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "route_k": rk, "mma": bool(v["mma"])}
+            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "route_k": rk}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -435,20 +432,6 @@ def _load_state(ptr, sc_ptr, base, sbase, offs_p, offs_n, stride_p, mask, mask_p
         sc = tl.load(sc_ptr + sbase + offs_p, mask=mask_p, other=1.0)
         s = s * sc[:, None]
     return s
-
-
-@triton.jit
-def _rows_dot_mma(S, c, EXACT: tl.constexpr):
-    """S [BP, BN] (a 16-bit tile, BP, BN >= 16) times c [BN] (S's dtype) on the tensor cores -> [BP]
-    float32: the products of two 16-bit numbers are exact in float32 and the MMA sums them in
-    float32, as the FMA path does (in another order). c is the B operand's first column (the
-    others zero); the row sum of the [BP, 16] product takes it out. EXACT (the CPU interpreter,
-    which mis-evaluates 16-bit dots, see mma.py): the same products in float32."""
-    first = (tl.arange(0, 16) == 0)[None, :]
-    cm = tl.where(first, c[:, None], tl.zeros([1, 16], c.dtype))                  # [BN, 16]
-    if EXACT:
-        return tl.sum(tl.dot(S.to(tl.float32), cm.to(tl.float32), input_precision="ieee"), axis=1)
-    return tl.sum(tl.dot(S, cm, out_dtype=tl.float32), axis=1)
 
 
 @triton.jit
@@ -672,7 +655,7 @@ def _replay_step_kernel(
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
     PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32, PRE_BC: tl.constexpr = False,
-    GDC: tl.constexpr = False, MMA_SC: tl.constexpr = False,
+    GDC: tl.constexpr = False,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -689,8 +672,6 @@ def _replay_step_kernel(
     by _buffer_bc_kernel just before) instead of computing it from the group's buffered B tile
     in every program (as many products as the state tile's own; the flush route still loads it);
     GDC: launched as that kernel's programmatic dependent (see _buffer_bc_kernel).
-    MMA_SC: the output route's S_rd C on the tensor cores (_rows_dot_mma): the read tile (16-bit,
-    no scales, C's dtype) stays packed instead of unpacked and multiplied element by element.
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -717,10 +698,7 @@ def _replay_step_kernel(
     # cursor, the read-checkpoint tile above all (EARLY: it streams while the cursor and the
     # buffer tiles are fetched; the relaxed ticket does not order it); 2. the cursor; 3. the
     # buffer tiles it masks (PRELOAD; else inside the branch that uses them).
-    if EARLY and MMA_SC:    # packed: the fold (1 program in K) widens it
-        S = tl.load(rd_ptr + ck_base + offs_p[:, None] * s_ck_p + offs_n[None, :], mask=mask, other=0.0,
-                    eviction_policy=EVICT)
-    elif EARLY:
+    if EARLY:
         S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE, EVICT)
     elif PF > 0:    # the tile's lines on their way (RD_LPR lines of RD_LS elements per row), no registers
         prefetch_hint(rd_ptr, ck_base + tl.minimum(offs_p, P - 1) * s_ck_p, RD_LPR, RD_LS, PF, EXACT)
@@ -728,7 +706,7 @@ def _replay_step_kernel(
     Dh = tl.load(D_ptr + h)
     dt_raw = tl.load(dt_ptr + b * s_dt_b + h)
     dtb = tl.load(dtb_ptr + h)
-    C_raw = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0)
+    Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0)
     Bn_raw = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0)
     x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
     n, stale = _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET, HAS_LO)
@@ -746,7 +724,7 @@ def _replay_step_kernel(
     # buffered entries 0..n-1: per-head decay weights (shared by all rows)
     dt_i = dt_i.to(tl.float32)
     w, total = _buffer_weights(dt_i * A, dt_i, mask_l, dt_n * A)
-    Cv = C_raw.to(tl.float32)
+    Cv = Cv.to(tl.float32)
     Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
     Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
     x_buf = cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # entry n as stored
@@ -771,7 +749,7 @@ def _replay_step_kernel(
                 Sh = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE,
                                  EVICT)
             elif EARLY:     # the read tile is the high checkpoint itself
-                Sh = S.to(tl.float32)
+                Sh = S
             else:
                 Sh = _load_state(hi_ptr, hi_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, HI_SCALE,
                                  EVICT)
@@ -838,17 +816,11 @@ def _replay_step_kernel(
         else:
             coef = w * tl.sum(Bbf * Cv[None, :], axis=1)       # [BL] w_i (B_i . C)
         coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
-        if MMA_SC:
-            if not EARLY:
-                S = tl.load(rd_ptr + ck_base + offs_p[:, None] * s_ck_p + offs_n[None, :], mask=mask, other=0.0,
-                            eviction_policy=EVICT)
-            sc = _rows_dot_mma(S, C_raw, EXACT)
-        else:
-            if not EARLY:
-                S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE,
-                                EVICT)
-            sc = tl.sum(S * Cv[None, :], axis=1)
-        yv = total * sc + tl.sum(Xbf * coef[:, None], axis=0) + coef_n * x_buf.to(tl.float32)
+        if not EARLY:
+            S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE,
+                            EVICT)
+        yv = total * tl.sum(S * Cv[None, :], axis=1) + tl.sum(Xbf * coef[:, None], axis=0) \
+            + coef_n * x_buf.to(tl.float32)
         tl.store(bx_ptr + bx_base + n * s_bx_l + offs_p, x_buf, mask=mask_p)
         _finish_y(yv, x_raw.to(tl.float32), Dh, z_row, y_row, offs_p, mask_p, in_p, HAS_Z, EXACT)
         append = live & (pid_p == 0)
@@ -1668,13 +1640,6 @@ def advance_cursor(rs, state_indices, rows: int, mode: int, accepted=None):
     _run(plan_cursor(rs, state_indices, rows, mode, accepted))
 
 
-def _mma_sc(v: dict, rd_data: torch.Tensor, rd_scaled: bool, C: torch.Tensor, block_p: int, block_n: int) -> bool:
-    """The step kernel's MMA_SC: the variant asks for it ("mma") and the read copy can feed an
-    MMA with C: 16-bit, unscaled, C's dtype, a tile of >= 16 x 16."""
-    return bool(v["mma"]) and rd_data.dtype in (torch.bfloat16, torch.float16) and not rd_scaled \
-        and C.dtype == rd_data.dtype and block_p >= 16 and block_n >= 16
-
-
 def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, advance=True, out=None):
     """([launches], y) of one ReplaySSM step. Fused route: the step kernel (advancing the
     cursor by ticket when `advance`); split route: the output-only step kernel + the flush
@@ -1740,8 +1705,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], MMA_SC=_mma_sc(v, rd_d, rd_has, C, block_p, block_n),
-        **pdl, **common))
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **pdl, **common))
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,

@@ -231,34 +231,6 @@ def test_replay_row_tiling(device, block_p, chunks, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode,sd,lo,early", [("replay", "bfloat16", None, True), ("replay", "bfloat16", None, False),
-                                              ("dual", "float32", "bfloat16", True)],
-                         ids=["bf16-early", "bf16-late", "dual-bf16"])
-def test_replay_mma_output(device, mode, sd, lo, early, monkeypatch):
-    """The output route's S C on the tensor cores (knob "mma": a 16-bit read tile times a C of
-    its dtype, 16 x 16 tiles or larger) against the reference over flushes (the fold widens the
-    packed tile it kept, EARLY, or loads the high copy); fp32 activations (C not the tile's
-    dtype) and fp8 copies keep the FMA path."""
-    from replayssm.triton import mamba2 as tk
-    monkeypatch.setitem(tk.OVERRIDE, "replay", dict(mma=True, block_p=16, warps=1, early=early, preload=early))
-    shape = I.Mamba2Shape(nheads=2, head_dim=32, d_state=16, n_groups=1)
-    g = gen(23)
-    rs, rr = make_pair(shape, 5, 4, 3, mode, sd, lo, torch.bfloat16, g)
-    idx = torch.tensor([4, 0, -1, 2], dtype=torch.int32, device=device)
-    p = params(shape, g)
-    inp = step_inputs(shape, 4, torch.bfloat16, g)
-    launch = tk.plan_replay_step(copy.deepcopy(rs), **inp, **p, state_indices=idx)[0][-1]
-    assert launch.meta["MMA_SC"]
-    flushes = run_steps(rs, rr, shape, idx, 7, torch.bfloat16, g, what=f"mma {mode} {sd}")
-    assert flushes >= 6
-    rf, _ = make_pair(shape, 5, 4, 3, mode, sd, lo, torch.float32, g)
-    inp32 = step_inputs(shape, 4, torch.float32, g)
-    assert not tk.plan_replay_step(rf, **inp32, **p, state_indices=idx)[0][-1].meta["MMA_SC"]
-    r8, _ = make_pair(shape, 5, 4, 3, "dual", "float32", "float8_e4m3", torch.bfloat16, g)
-    assert not tk.plan_replay_step(r8, **inp, **p, state_indices=idx)[0][-1].meta["MMA_SC"]
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=["tf32x3", "bf16x3"])
 def test_replay_dot_fold(device, act):
     """Tiles with every dim >= 16: the flush fold (fused in the step, and in commit's fold)
