@@ -206,6 +206,8 @@ def groups_for(model: str, nano: bool) -> list[dict]:
     # session 35: the bf16 state's 16-row programs under their 64-register budget from batch x heads
     # 6144 (Nano's batch 64, Super's 48-127); batch 64 beside the budget's A/B at 128-512
     out += [g(11, "replay", 64, "bfloat16", "none", ["default", "default-r0"])]
+    # the 32-row bf16 row from batch x heads 24576: Super's batch 192 moved to it from the 16-row row
+    out += [g(11, "replay", 192, "bfloat16", "none", ["default", "f16w1-nt-fc16-bc-r64"])]
     # bf16 eager at batch 512, where ours was 0.94x vLLM's (Super, h200-kernels-20261130-s5)
     out += [g(6, "vllm-eager", 512, "bfloat16", "none", ["vllm"]),
             g(6, "eager", 512, "bfloat16", "none", EAGER_BF16 + EAGER_BF16_LARGE)]
@@ -221,7 +223,9 @@ def ultra_groups() -> list[dict]:
             g("replay-dual", "float32", "bfloat16", ["default", "v0", "f64w4", "f64w2"]),
             g("vllm-eager", "bfloat16", "none", ["vllm"]),
             g("eager", "bfloat16", "none", EAGER_BF16 + EAGER_BF16_LARGE),
-            g("replay", "bfloat16", "none", ["default", "default-r0"])] + [
+            g("replay", "bfloat16", "none", ["default", "default-r0"]),
+            dict(prio=6, model=m, method="replay", batch=96, sd="bfloat16", lo="none",     # (as Super's b192)
+                 variants=["default", "f16w1-nt-fc16-bc-r64"])] + [
         dict(prio=6, model=m, method=meth, batch=512, sd="bfloat16", lo="none", variants=v)
         for meth, v in (("vllm-eager", ["vllm"]), ("eager", EAGER_BF16 + EAGER_BF16_LARGE),
                         ("replay", ["default", "default-r0"]))]

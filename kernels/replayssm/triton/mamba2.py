@@ -273,8 +273,21 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # 373.9-377.3 / 395.0-395.8 / 368.6-380.8 / 384.6-396.3 (IQRs of 3-11 us there). The 16-row
     # programs under 80 compile to 80 registers, under 72 to their own 72 in another schedule: both
     # ran slower than without a budget.
+    # Then Nano's bf16 state in 32-row programs (head dim 80: three a head, the third half
+    # masked) under the same 72: a head's per-program work (the cursor, the decay weights, the
+    # buffer's loads: by our count of the sm_90 SASS, 415 instructions before the branch on the
+    # cursor and 645 in the output path, of which about 250 are the tile's own) runs 3 times
+    # instead of 5, and Nano's bf16 step was issue-bound (ncu_nano_replay_bf16_s35c.txt: 0.82
+    # instructions issued per scheduler cycle, SM throughput 80 %, DRAM 65.5 %). Interleaved, twice
+    # each (tune_mamba2_s35e.txt), us, 16 rows under 64 / 32 rows under 72 / under 64: b256
+    # 186.9-190.7 / 180.4-181.0 / 178.8-183.9, b512 378.4-399.6 / 349.0-363.8 / 346.3-363.6 (IQRs
+    # up to 37 us), b128 97.3-98.8 / 99.6-99.9 / 98.9 (a loss); dual bf16 b256 207.1-207.2 /
+    # 205.9 / 206.2-207.0 and b128 110.2-110.9 / 114.0-114.8 (dual states keep their rows). So the
+    # bf16 32-row row from batch x heads 24576 (Nano from batch 256) whatever the head dim: at
+    # Super's and Ultra's head dim 64 that moves batch 192-255 and 96-127 from 16-row programs
+    # (tune_mamba2_s35f.txt).
     (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True, maxnreg=96),
-                   dict(_LEAN, block_p=32, bc=True, min_bh=32768, p_mod=32, maxnreg=72),
+                   dict(_LEAN, block_p=32, bc=True, min_bh=24576, dual=False, maxnreg=72),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, dual=True, maxnreg=72),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, maxnreg=64), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
