@@ -339,8 +339,8 @@ def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, N
 def test_replay_prepass_rows(monkeypatch):
     """Where the table runs the B_i . C pre-pass (bc) and with which tile, by batch x heads
     (min_bh) and head dim (p_mod): fp32 reads from 12288, 16-bit from 6144 (32-row programs
-    from 32768 when 32 divides the head dim, dual states' from 16384, folding 32 columns per
-    chunk), dual fp8 from 24576 in 32-row programs; a
+    from 24576 whatever the head dim, session 35; dual states' from 16384 when 32 divides the
+    head dim, folding 32 columns per chunk), dual fp8 from 24576 in 32-row programs; a
     tuning override wins. Of the fp32 and 16-bit (lean) rows, 16-bit reads in 16-row programs
     with the pre-pass load their state tile first (early), the others after the cursor."""
     from replayssm.triton import mamba2 as tk
@@ -348,7 +348,8 @@ def test_replay_prepass_rows(monkeypatch):
     cases = [  # (dims, read bytes, dual, batch) -> (bc, rows)
         (super_, 4, False, 64, False, 16), (super_, 4, False, 96, True, 16), (nano, 4, False, 96, False, 16),
         (nano, 4, False, 128, True, 16), (super_, 2, True, 32, False, 16), (super_, 2, True, 64, True, 16),
-        (super_, 2, True, 256, True, 32), (nano, 2, False, 256, True, 16), (nano, 2, True, 64, True, 16),
+        (super_, 2, True, 256, True, 32), (nano, 2, False, 256, True, 32), (nano, 2, False, 128, True, 16),
+        (nano, 2, True, 256, True, 16), (nano, 2, True, 64, True, 16),
         (super_, 1, True, 128, False, 64), (super_, 1, True, 256, True, 32), (nano, 1, True, 256, True, 32),
         (nano, 1, True, 128, False, 16)]
     for (P, H), rb, dual, batch, bc, rows in cases:
@@ -1203,7 +1204,7 @@ print(json.dumps(out))
 # (results/device-logs-20261203-s34/tune_mamba2_s34a.txt).
 # Nano's, 16 rows x 1 warp from 6144: a 72-register budget, 4 bytes spilled in the fold; 206.5 vs
 # 217.1 us at b256 without it (_s34b).
-# Super's bf16 state step from batch x heads 32768 (32 rows x 1 warp): a 72-register budget, 8
+# Super's bf16 state step from batch x heads 24576 (32 rows x 1 warp): a 72-register budget, 8
 # bytes spilled; 178.8-179.0 vs 195.8-196.1 us at b256 without it (device-logs-20261203-s35/
 # tune_mamba2_s35a.txt); Nano's from batch 256 too (8 bytes; _s35e: 180.4-181.0 vs 186.9-190.7 us in
 # 16-row programs, which spill nothing under their 64).
