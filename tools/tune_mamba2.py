@@ -29,7 +29,8 @@ version's order); -ev evict_first on the state; -r ptxas register cap (-r0: none
 row's); -fr rows per fold chunk of flushing programs (default 16); -fc columns per fold chunk
 (default: whole rows); -pf a prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
 buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
-programmatic dependent). default-{flags}: the shipped tables with those flags' knobs over them
+programmatic dependent); -coef every per-head term of the output path in that launch (PRE_COEF: the
+decay weights, B . C, the dt and B appends). default-{flags}: the shipped tables with those flags' knobs over them
 (default-fc32). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
@@ -105,6 +106,8 @@ def _replay_flags(ov: dict, flags: str, name: str) -> dict:
             ov["pf"] = int(flag[2:])
         elif flag == "bc":
             ov["bc"] = True
+        elif flag == "coef":
+            ov["coef"] = True
         elif flag == "nopdl":
             ov["pdl"] = False
         else:

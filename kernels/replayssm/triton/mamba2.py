@@ -183,7 +183,7 @@ ROUTE_BATCH = {4: 4, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None, route_k=1)
+                       maxnreg=None, pf=0, bc=False, pdl=None, route_k=1, coef=False)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -430,7 +430,7 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
             "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
-            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "route_k": rk}
+            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "route_k": rk, "coef": bool(v["coef"])}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -628,13 +628,48 @@ def _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET: tl.constexpr, STALE: tl.
 
 
 @triton.jit
-def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, N, NL, s_C_b, s_C_g, s_bB_s, s_bB_l, s_bB_g,
-                      BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_IDX: tl.constexpr, GDC: tl.constexpr = False):
+def _step_scalars(A_ptr, dt_ptr, dtb_ptr, B_ptr, b, h, g, offs_n, mask_n, s_dt_b, s_B_b, s_B_g):
+    """The step's per-head raw inputs: (A[h], dt[b, h], dt_bias[h], B[b, g] [BLOCK_N]); h may
+    be a vector of heads (then A, dt, dt_bias are vectors)."""
+    A = tl.load(A_ptr + h)
+    dt_raw = tl.load(dt_ptr + b * s_dt_b + h)
+    dtb = tl.load(dtb_ptr + h)
+    Bn_raw = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0)
+    return A, dt_raw, dtb, Bn_raw
+
+
+@triton.jit
+def _step_weights(A, dt_raw, dtb, dt_i, mask_l, bdt_ptr):
+    """(A, dt_n, w, total) in fp32 from _step_scalars' raw A, dt, dt_bias and the buffered
+    dt_i [BL] (or [BL, heads], with mask_l and A, dt, dt_bias alike per head): dt_n = softplus(dt
+    + dt_bias) as the buffer stores it, w and total as _buffer_weights (the decay up to and
+    including the new entry)."""
+    A = A.to(tl.float32)
+    dt_n = softplus(dt_raw.to(tl.float32) + dtb.to(tl.float32))
+    dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as stored in the buffer
+    dt_i = dt_i.to(tl.float32)
+    w, total = _buffer_weights(dt_i * A, dt_i, mask_l, dt_n * A)
+    return A, dt_n, w, total
+
+
+@triton.jit
+def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, A_ptr, dt_ptr, dtb_ptr, B_ptr, cur_ptr, bdt_ptr, N, NL, HPG,
+                      s_C_b, s_C_g, s_bB_s, s_bB_l, s_bB_g, s_dt_b, s_B_b, s_B_g, s_bdt_s, s_bdt_l,
+                      BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_IDX: tl.constexpr, GDC: tl.constexpr = False,
+                      COEF: tl.constexpr = False, EXACT: tl.constexpr = False, BLOCK_H: tl.constexpr = 1):
     """bc[b, g, i] = B_i . C for buffer rows i < NL (min(K, L)) of batch row b's slot and group g:
     the output path's per-group products, once per group instead of once per program of the
     step (_replay_step_kernel's PRE_BC). Grid (G, b); bc [b, G, BLOCK_L] float32. Rows past
     the cursor are computed from whatever they hold: the step masks them. A padded row's
     slot is clamped to 0 (its outputs are never used).
+    COEF (the step's PRE_COEF): instead, every per-head term of the output path for the group's
+    HPG heads h, into bc [b, H, 2 BLOCK_L] float32: [0, BLOCK_L) w_i (B_i . C) for the n =
+    cursor buffered rows (0 past them), BLOCK_L the checkpoint's decay `total`, BLOCK_L + 1
+    dt_n (B . C) (as _replay_step_kernel computes them); and the step's appends of dt_n (each
+    head) and B (the group) at row n, which the step then leaves out. The cursor must not move
+    while this runs (no ticket: the cursor pass follows the step). Row n is past the cursor for
+    every reader of the step (a flushing sequence's row n is junk after its flush, as rows past
+    any cursor are).
     GDC: the step behind it is a programmatic dependent launch, let go at once: its programs
     run their cursor and state loads beside this kernel and wait for it (gdc_wait_prior)
     only before reading bc. This launch itself is an ordinary one, so everything ahead of it
@@ -650,7 +685,27 @@ def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, N, NL, s_C_b, s_C_g, s_bB_
     Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=in_n, other=0.0).to(tl.float32)
     Bb = tl.load(bB_ptr + slot * s_bB_s + g * s_bB_g + offs_l[:, None] * s_bB_l + offs_n[None, :],
                  mask=(offs_l < NL)[:, None] & in_n[None, :], other=0.0).to(tl.float32)
-    tl.store(bc_ptr + (b * tl.num_programs(0) + g) * BLOCK_L + offs_l, tl.sum(Bb * Cv[None, :], axis=1))
+    bc = tl.sum(Bb * Cv[None, :], axis=1)
+    if COEF:
+        offs_h = tl.arange(0, BLOCK_H)
+        in_h = offs_h < HPG
+        hh = g * HPG + tl.minimum(offs_h, HPG - 1)      # (padding lanes repeat the last head, unstored)
+        A, dt_raw, dtb, Bn_raw = _step_scalars(A_ptr, dt_ptr, dtb_ptr, B_ptr, b, hh, g, offs_n, in_n, s_dt_b,
+                                               s_B_b, s_B_g)
+        n = tl.load(cur_ptr + slot) & _CUR_MASK
+        mask_l = (offs_l < n) & live
+        m2 = mask_l[:, None] & in_h[None, :]
+        dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l[:, None] * s_bdt_l + hh[None, :], mask=m2, other=0.0)
+        A, dt_n, w, total = _step_weights(A, dt_raw, dtb, dt_i, m2, bdt_ptr)
+        Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+        cf = bc_ptr + (b * tl.num_programs(0) * HPG + hh) * (2 * BLOCK_L)     # [BLOCK_H] head rows
+        tl.store(cf[None, :] + offs_l[:, None], tl.where(m2, w * bc[:, None], 0.0), mask=in_h[None, :])
+        tl.store(cf + BLOCK_L, total, mask=in_h)
+        tl.store(cf + BLOCK_L + 1, dt_n * tl.sum(Bn_buf.to(tl.float32) * Cv, axis=0), mask=in_h)
+        tl.store(bdt_ptr + slot * s_bdt_s + n * s_bdt_l + hh, dt_n, mask=in_h & live)
+        tl.store(bB_ptr + slot * s_bB_s + g * s_bB_g + n * s_bB_l + offs_n, Bn_buf, mask=in_n & live)
+    else:
+        tl.store(bc_ptr + (b * tl.num_programs(0) + g) * BLOCK_L + offs_l, bc)
 
 
 @triton.jit
@@ -668,7 +723,7 @@ def _replay_step_kernel(
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
     PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32, PRE_BC: tl.constexpr = False,
-    GDC: tl.constexpr = False,
+    GDC: tl.constexpr = False, PRE_COEF: tl.constexpr = False,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -685,6 +740,10 @@ def _replay_step_kernel(
     by _buffer_bc_kernel just before) instead of computing it from the group's buffered B tile
     in every program (as many products as the state tile's own; the flush route still loads it);
     GDC: launched as that kernel's programmatic dependent (see _buffer_bc_kernel).
+    PRE_COEF: the output-only route reads all its per-head terms (w_i (B_i . C), the decay
+    `total`, dt_n (B . C)) from bc_ptr [b, H, 2 BLOCK_L] (_buffer_bc_kernel's COEF), which also
+    made the dt and B appends; only the flush route loads A, dt, dt_bias, B and the buffered dt
+    (a program's own work is then its tile, the cursor, x and its appended x row).
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -715,31 +774,28 @@ def _replay_step_kernel(
         S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE, EVICT)
     elif PF > 0:    # the tile's lines on their way (RD_LPR lines of RD_LS elements per row), no registers
         prefetch_hint(rd_ptr, ck_base + tl.minimum(offs_p, P - 1) * s_ck_p, RD_LPR, RD_LS, PF, EXACT)
-    A = tl.load(A_ptr + h)
     Dh = tl.load(D_ptr + h)
-    dt_raw = tl.load(dt_ptr + b * s_dt_b + h)
-    dtb = tl.load(dtb_ptr + h)
+    if not PRE_COEF:
+        A, dt_raw, dtb, Bn_raw = _step_scalars(A_ptr, dt_ptr, dtb_ptr, B_ptr, b, h, g, offs_n, mask_n, s_dt_b,
+                                               s_B_b, s_B_g)
     Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=mask_n, other=0.0)
-    Bn_raw = tl.load(B_ptr + b * s_B_b + g * s_B_g + offs_n, mask=mask_n, other=0.0)
     x_raw = tl.load(x_ptr + b * s_x_b + h * s_x_h + offs_p, mask=mask_p, other=0.0)
     n, stale = _take_cursor(cur_ptr, slot, live, K, NPROG, TICKET, HAS_LO)
     mask_l = (offs_l < n) & live
-    dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0)
+    if not PRE_COEF:
+        dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0)
     if PRELOAD:
-        Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
-                     mask=mask_l[:, None] & in_n[None, :], other=0.0)
+        if not PRE_COEF:
+            Bb = tl.load(bB_ptr + bB_base + offs_l[:, None] * s_bB_l + offs_n[None, :],
+                         mask=mask_l[:, None] & in_n[None, :], other=0.0)
         Xb = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
                      mask=mask_l[:, None] & mask_p[None, :], other=0.0)
-    A = A.to(tl.float32)
     Dh = Dh.to(tl.float32)
-    dt_n = softplus(dt_raw.to(tl.float32) + dtb.to(tl.float32))
-    dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as stored in the buffer
-    # buffered entries 0..n-1: per-head decay weights (shared by all rows)
-    dt_i = dt_i.to(tl.float32)
-    w, total = _buffer_weights(dt_i * A, dt_i, mask_l, dt_n * A)
+    if not PRE_COEF:    # buffered entries 0..n-1: per-head decay weights (shared by all rows)
+        A, dt_n, w, total = _step_weights(A, dt_raw, dtb, dt_i, mask_l, bdt_ptr)
+        Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+        Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
     Cv = Cv.to(tl.float32)
-    Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
-    Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
     x_buf = cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # entry n as stored
     if FUSED:
         do_fold = n + 1 >= K
@@ -750,8 +806,15 @@ def _replay_step_kernel(
     # One branch per program (the decision is per sequence). Without PRELOAD each branch
     # loads the buffer tiles itself (fewer registers live across the cursor wait).
     if do_fold:
+        if PRE_COEF:    # the per-head terms the output path takes from the pre-pass
+            A, dt_raw, dtb, Bn_raw = _step_scalars(A_ptr, dt_ptr, dtb_ptr, B_ptr, b, h, g, offs_n, mask_n, s_dt_b,
+                                                   s_B_b, s_B_g)
+            dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0)
+            A, dt_n, w, total = _step_weights(A, dt_raw, dtb, dt_i, mask_l, bdt_ptr)
+            Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+            Bn = Bn_buf.to(tl.float32)
         if FOLD_ROWS == BLOCK_P and FOLD_COLS == BLOCK_N:    # the whole tile in one fold
-            if PRELOAD:
+            if PRELOAD and not PRE_COEF:
                 Bbf = Bb.to(tl.float32)
                 Xbf = Xb.to(tl.float32)
             else:
@@ -779,7 +842,7 @@ def _replay_step_kernel(
             # (1 program in K) does not lower the occupancy of the output path. Row-scaled
             # copies come with FOLD_COLS == BLOCK_N (the planner): a scale needs the whole row.
             if FOLD_COLS == BLOCK_N:    # whole rows: the buffered B tile once, for every chunk
-                if PRELOAD:
+                if PRELOAD and not PRE_COEF:
                     Bbf = Bb.to(tl.float32)
                 else:
                     Bbf = _load_buffer_B(bB_ptr, bB_base, s_bB_l, offs_l, offs_n, mask_l, in_n)
@@ -812,7 +875,13 @@ def _replay_step_kernel(
                     yq += tl.sum(Sq * Cm[None, :], axis=1)
                 _finish_y(yq, xq, Dh, z_row, y_row, offs_q, mask_q, in_q, HAS_Z, EXACT)
     else:
-        if PRE_BC:  # rows past the cursor may hold anything (even NaN): masked below, not weighted
+        if PRE_COEF:    # zero past the cursor (the pre-pass masked them)
+            gdc_wait_prior(GDC)     # _buffer_bc_kernel's terms written and visible
+            cf = bc_ptr + (b * tl.num_programs(1) + h) * (2 * BLOCK_L)
+            coef = tl.load(cf + offs_l)                     # [BL] w_i (B_i . C)
+            total = tl.load(cf + BLOCK_L)
+            coef_n = tl.load(cf + BLOCK_L + 1)
+        elif PRE_BC:  # rows past the cursor may hold anything (even NaN): masked below, not weighted
             gdc_wait_prior(GDC)     # _buffer_bc_kernel's products written and visible
             bc = tl.load(bc_ptr + (b * (tl.num_programs(1) // HPG) + g) * BLOCK_L + offs_l, mask=mask_l, other=0.0)
         elif PRELOAD:
@@ -824,11 +893,14 @@ def _replay_step_kernel(
         else:
             Xbf = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
                           mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-        if PRE_BC:
+        if PRE_COEF:
+            pass
+        elif PRE_BC:
             coef = tl.where(mask_l, w * bc, 0.0)                # [BL] w_i (B_i . C)
         else:
             coef = w * tl.sum(Bbf * Cv[None, :], axis=1)       # [BL] w_i (B_i . C)
-        coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
+        if not PRE_COEF:
+            coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
         if not EARLY:
             S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE,
                             EVICT)
@@ -836,9 +908,10 @@ def _replay_step_kernel(
             + coef_n * x_buf.to(tl.float32)
         tl.store(bx_ptr + bx_base + n * s_bx_l + offs_p, x_buf, mask=mask_p)
         _finish_y(yv, x_raw.to(tl.float32), Dh, z_row, y_row, offs_p, mask_p, in_p, HAS_Z, EXACT)
-        append = live & (pid_p == 0)
-        tl.store(bdt_ptr + slot * s_bdt_s + n * s_bdt_l + h, dt_n, mask=append)
-        tl.store(bB_ptr + bB_base + n * s_bB_l + offs_n, Bn_buf, mask=mask_n & append & (h % HPG == 0))
+        if not PRE_COEF:    # (else the pre-pass appended them)
+            append = live & (pid_p == 0)
+            tl.store(bdt_ptr + slot * s_bdt_s + n * s_bdt_l + h, dt_n, mask=append)
+            tl.store(bB_ptr + bB_base + n * s_bB_l + offs_n, Bn_buf, mask=mask_n & append & (h % HPG == 0))
 
 
 @triton.jit
@@ -1696,13 +1769,20 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     idx = state_indices if state_indices is not None else x
     launches = []
     bc, pdl = x, {}     # (bc unread without the pre-pass)
-    if v["bc"]:     # B_i . C once per group (the step's PRE_BC), into a scratch kept on rs
-        bc = state_scratch(rs, "_bc_scratch", bsz * G * block_l, x.device).view(torch.float32)
+    coef = v["coef"]
+    if coef and ticket:
+        raise ValueError("replay coef needs ticket False: its pre-pass reads the cursor, which a ticket step "
+                         "would move beside it")
+    if v["bc"] or coef:     # B_i . C once per group (the step's PRE_BC; coef: every per-head term, PRE_COEF)
+        numel = bsz * (H * 2 if coef else G) * block_l
+        bc = state_scratch(rs, "_bc_scratch", numel, x.device).view(torch.float32)
         pdl = pdl_meta(x.device, v["pdl"])
         launches.append(_record(_buffer_bc_kernel, (G, bsz))(
-            C, rs.B, bc, idx, N, min(rs.flush_period, L), C.stride(0), C.stride(1),
-            rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
-            BLOCK_N=block_n, BLOCK_L=block_l, HAS_IDX=state_indices is not None, GDC=pdl["GDC"], num_warps=1))
+            C, rs.B, bc, idx, A, dt, dt_bias, B, rs.cursor, rs.dt, N, min(rs.flush_period, L), H // G,
+            C.stride(0), C.stride(1), rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
+            dt.stride(0), B.stride(0), B.stride(1), rs.dt.stride(0), rs.dt.stride(1),
+            BLOCK_N=block_n, BLOCK_L=block_l, HAS_IDX=state_indices is not None, GDC=pdl["GDC"], COEF=coef,
+            EXACT=_interpreting(), BLOCK_H=_np2(H // G), num_warps=1))
     common = dict(BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=block_l, HAS_Z=z is not None,
                   HAS_IDX=state_indices is not None, HI_SCALE=hi_has, HAS_LO=rs.lo is not None, LO_SCALE=lo_has,
                   USE_DOT=use_dot, DOT_PREC=_fold_precision(rs), EXACT=_interpreting(), EVICT=v["evict"],
@@ -1718,7 +1798,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"], **pdl, **common))
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"] or coef, PRE_COEF=coef, **pdl, **common))
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,

@@ -282,6 +282,11 @@ REPLAY_VARIANTS = [
     ("bc",         dict(bc=True)),      # B_i . C once per group, in a launch ahead of the step
     ("lean-bc",    dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16, bc=True)),
     ("lean-bc-early", dict(block_p=16, warps=1, early=True, preload=True, ticket=False, fold_cols=16, bc=True)),
+    # every per-head term of the output path (and the dt / B appends) in that launch (PRE_COEF)
+    ("coef",       dict(coef=True, ticket=False)),
+    ("split-coef", dict(route="split", ticket=False, coef=True)),
+    ("lean-coef",  dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16, coef=True)),
+    ("lean-coef-early", dict(block_p=16, warps=1, early=True, preload=True, ticket=False, fold_cols=16, coef=True)),
 ]
 
 
