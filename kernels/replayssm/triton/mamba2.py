@@ -682,20 +682,24 @@ def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, A_ptr, dt_ptr, dtb_ptr, B_
     offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
     in_n = offs_n < N
+    if COEF:    # every load ahead of what depends on the cursor (the buffered dt: all NL rows, masked after)
+        word = tl.load(cur_ptr + slot)
+        offs_h = tl.arange(0, BLOCK_H)
+        in_h = offs_h < HPG
+        hh = g * HPG + tl.minimum(offs_h, HPG - 1)      # (padding lanes repeat the last head, unstored)
+        dt_all = tl.load(bdt_ptr + slot * s_bdt_s + offs_l[:, None] * s_bdt_l + hh[None, :],
+                         mask=(offs_l < NL)[:, None], other=0.0)
+        A, dt_raw, dtb, Bn_raw = _step_scalars(A_ptr, dt_ptr, dtb_ptr, B_ptr, b, hh, g, offs_n, in_n, s_dt_b,
+                                               s_B_b, s_B_g)
     Cv = tl.load(C_ptr + b * s_C_b + g * s_C_g + offs_n, mask=in_n, other=0.0).to(tl.float32)
     Bb = tl.load(bB_ptr + slot * s_bB_s + g * s_bB_g + offs_l[:, None] * s_bB_l + offs_n[None, :],
                  mask=(offs_l < NL)[:, None] & in_n[None, :], other=0.0).to(tl.float32)
     bc = tl.sum(Bb * Cv[None, :], axis=1)
     if COEF:
-        offs_h = tl.arange(0, BLOCK_H)
-        in_h = offs_h < HPG
-        hh = g * HPG + tl.minimum(offs_h, HPG - 1)      # (padding lanes repeat the last head, unstored)
-        A, dt_raw, dtb, Bn_raw = _step_scalars(A_ptr, dt_ptr, dtb_ptr, B_ptr, b, hh, g, offs_n, in_n, s_dt_b,
-                                               s_B_b, s_B_g)
-        n = tl.load(cur_ptr + slot) & _CUR_MASK
+        n = word & _CUR_MASK
         mask_l = (offs_l < n) & live
         m2 = mask_l[:, None] & in_h[None, :]
-        dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l[:, None] * s_bdt_l + hh[None, :], mask=m2, other=0.0)
+        dt_i = tl.where(m2, dt_all, 0.0)    # rows past the cursor may hold anything (even NaN)
         A, dt_n, w, total = _step_weights(A, dt_raw, dtb, dt_i, m2, bdt_ptr)
         Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
         cf = bc_ptr + (b * tl.num_programs(0) * HPG + hh) * (2 * BLOCK_L)     # [BLOCK_H] head rows
@@ -1769,10 +1773,7 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
     idx = state_indices if state_indices is not None else x
     launches = []
     bc, pdl = x, {}     # (bc unread without the pre-pass)
-    coef = v["coef"]
-    if coef and ticket:
-        raise ValueError("replay coef needs ticket False: its pre-pass reads the cursor, which a ticket step "
-                         "would move beside it")
+    coef = v["coef"] and not ticket     # (the pre-pass reads the cursor: a ticket step moves it beside it)
     if v["bc"] or coef:     # B_i . C once per group (the step's PRE_BC; coef: every per-head term, PRE_COEF)
         numel = bsz * (H * 2 if coef else G) * block_l
         bc = state_scratch(rs, "_bc_scratch", numel, x.device).view(torch.float32)

@@ -1003,6 +1003,20 @@ def test_cuda_graph_replay_bc_prepass(mode, lo):
 
 
 @cuda_only
+@pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "bfloat16"), ("shared-low", "bfloat16")])
+def test_cuda_graph_replay_coef_prepass(mode, lo, monkeypatch):
+    """The coef knob at Nano's dims, batch 160: every per-head term of the output path and the
+    dt / B appends in the pre-pass (_buffer_bc_kernel's COEF, the step's PRE_COEF), captured
+    with the step and the cursor launch and replayed 40 steps (5 flushes per sequence)."""
+    from replayssm.triton import mamba2 as tk
+    monkeypatch.setitem(tk.OVERRIDE, "replay", {"coef": True})
+    shape = MODEL_DIMS["nemotron-3-nano-4b"]
+    v = tk.replay_variant(shape.head_dim, 2 if lo else 4, 160, shape.nheads, dual=mode == "dual")
+    assert v["coef"] and not v["ticket"]
+    _graph_replay_steps(mode, lo, 160, 40, 83)
+
+
+@cuda_only
 @pytest.mark.shipped_routes
 def test_cuda_graph_dual_route_and_buffered_steps():
     """A dual bf16 state at Nano's dims driven by two captured steps over overlapping slots: the
