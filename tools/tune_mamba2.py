@@ -30,7 +30,7 @@ row's); -fr rows per fold chunk of flushing programs (default 16); -fc columns p
 (default: whole rows); -pf a prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
 buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
 programmatic dependent); -coef every per-head term of the output path in that launch (PRE_COEF: the
-decay weights, B . C, the dt and B appends). default-{flags}: the shipped tables with those flags' knobs over them
+decay weights, B . C, the dt and B appends; -nocoef: not). default-{flags}: the shipped tables with those flags' knobs over them
 (default-fc32). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
@@ -108,6 +108,8 @@ def _replay_flags(ov: dict, flags: str, name: str) -> dict:
             ov["bc"] = True
         elif flag == "coef":
             ov["coef"] = True
+        elif flag == "nocoef":
+            ov["coef"] = False
         elif flag == "nopdl":
             ov["pdl"] = False
         else:

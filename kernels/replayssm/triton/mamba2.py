@@ -8,7 +8,8 @@ Kernels (all CUDA-graph safe: fixed grids, every per-sequence decision on the de
     _replay_flush_kernel the second launch of the "split" route (tuning alternative): the
                          fold of the sequences that flush this step
     _buffer_bc_kernel    large batches: B_i . C per (batch row, group), read by the step
-                         (PRE_BC) instead of computed in each of the group's programs
+                         (PRE_BC) instead of computed in each of the group's programs; with
+                         COEF every per-head term of the step's output route (PRE_COEF)
     _fold_kernel         fold committed entries into the checkpoint (flush and commit; LIST:
                          the rows _commit_list_kernel listed, by a few workers per head tile)
     _commit_list_kernel  a commit's cursor moves and its list of folding rows (batch <= 128)
@@ -32,7 +33,8 @@ a replay-step program owns one [rows, N] tile, loaded with one 2-D load before a
 depends on the cursor. Per-head work that does not depend on the rows (decay weights,
 B_i . C) is done once per program, so fewer, taller programs read the buffer less; at large
 batches B_i . C (the same for every head of a group) comes from a launch ahead of the step
-(REPLAY_CONFIGS' bc rows), so a program's own work is its tile.
+(REPLAY_CONFIGS' bc rows), and with it every per-head term of the output route (coef: the
+decay weights too, and the dt / B appends), so a program's own work is its tile.
 
 The cursor. Every program of a sequence reads cursor[slot]; programs are not ordered, so no
 program may simply write it. Either the step takes it with an atomic ticket (one relaxed
@@ -235,8 +237,23 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # 195.3), b512 394.5 / 383.7; Super b128 108.4 / 107.6. Not the 32-row programs (Super b256
     # dual 234.5 vs 232.1 early in 16 rows, but b512 450.5 vs 459.1; bf16 state 195.4 vs 204.2) nor
     # fp32 reads (Super / Nano b256 315.6 / 298.7 vs 330.2 / 309.9).
+    # Session 36: every per-head term of the output path in that launch too (coef, PRE_COEF: the
+    # decay weights w_i and the checkpoint's decay from the buffered dt, w_i (B_i . C), dt (B . C),
+    # and the step's dt and B appends), vectorised over a group's heads, so a program's own work
+    # is its tile, the cursor, x and its appended x row: the output route's sm_90 SASS 1280 -> 1016
+    # instructions (bf16 state, Super b256), 1216 -> 1032 (fp32). Interleaved, twice each
+    # (tune_mamba2_s36b.txt), us, without / with: fp32 b256 Super 308.4-308.5 / 293.4-293.8, Nano
+    # 290.6-292.7 / 276.7-277.7, Ultra 611.1-615.8 / 582.4-585.3; b128 Super 161.6-161.9 /
+    # 153.3-155.3, Nano 151.6-151.8 / 144.1-144.3. Dual bf16 b256 Super 214.1-214.2 / 205.4-205.8,
+    # Nano 207.4-207.6 / 196.5-197.1, Ultra 401.1-401.4 / 390.1-390.6; b512 Super 411.6-411.7 /
+    # 391.8-392.4, Nano 417.6-419.5 / 385.8-395.2; b128 Super 116.5 / 112.4-112.5, Nano 111.0 /
+    # 106.6-106.7. bf16 state b256 Super 178.5-178.6 / 173.9-174.2, Nano 178.8-179.6 / 170.0-170.5,
+    # Ultra 331.1-334.1 / 327.1-327.7; b512 Super 337.9-339.3 / 327.6-328.5, Nano 341.1-343.4 /
+    # 324.8-337.8, Ultra 648.0-655.2 / 636.1-661.5 (IQR 55); b128 Super 102.6-102.8 / 101.9-102.4,
+    # Nano 97.0-97.1 / 96.9-97.6 (a tie; the pre-pass's first form, its cursor-dependent loads not
+    # issued first, lost 2.5 % there: _s36a). So every row with bc takes coef.
     (4, "small"): [dict(_LEAN, ticket=True)],
-    (4, "large"): [dict(_LEAN, bc=True, min_bh=12288), _LEAN],
+    (4, "large"): [dict(_LEAN, bc=True, coef=True, min_bh=12288), _LEAN],
     (2, "small"): [dict(_LEAN, ticket=True)],
     # Dual states fold 32 columns per chunk there (fold_cols; 128 registers instead of 114 on
     # sm_90, 16 programs per SM instead of 17): half the fold's chunks, each a dependent round
@@ -286,20 +303,21 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # bf16 32-row row from batch x heads 24576 (Nano from batch 256) whatever the head dim: at
     # Super's and Ultra's head dim 64 that moves batch 192-255 and 96-127 from 16-row programs
     # (tune_mamba2_s35f.txt).
-    (2, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True, maxnreg=96),
-                   dict(_LEAN, block_p=32, bc=True, min_bh=24576, dual=False, maxnreg=72),
-                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, dual=True, maxnreg=72),
-                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, maxnreg=64), _LEAN],
+    (2, "large"): [dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True,
+                        maxnreg=96),
+                   dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=24576, dual=False, maxnreg=72),
+                   dict(_LEAN, early=True, preload=True, bc=True, coef=True, min_bh=6144, dual=True, maxnreg=72),
+                   dict(_LEAN, early=True, preload=True, bc=True, coef=True, min_bh=6144, maxnreg=64), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
     # 314.6 / 321.0 (64 x 2 below), Nano 279.5 / 285.9 vs 344.2 / 349.7 (16 x 1) (_s19c / _s19b);
     # smaller batches were not timed, so they keep the session-7 rows
-    (1, "large"): [dict(_LEAN, block_p=32, bc=True, min_bh=24576),
+    (1, "large"): [dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=24576),
                    dict(block_p=64, warps=2, p_mod=64),                 # dual fp8 Super: 318 us
                    dict(block_p=16, warps=1)],                          # dual fp8 Nano: 349 us
 }
 # Tuning hook: OVERRIDE["replay"] = dict(block_p=, chunks=, warps=, route=, early=, preload=,
-# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, pdl=) and OVERRIDE["eager"] = dict(block_p=,
+# ticket=, fold_rows=, fold_cols=, evict=, maxnreg=, pf=, bc=, coef=, pdl=) and OVERRIDE["eager"] = dict(block_p=,
 # chunks=, warps=, evict=) replace the table entries above for every shape (only keys given).
 # Empty in normal use.
 OVERRIDE: dict[str, dict] = {}

@@ -1223,9 +1223,13 @@ print(json.dumps(out))
 # Super's bf16 state step from batch x heads 24576 (32 rows x 1 warp): a 72-register budget, 8
 # bytes spilled; 178.8-179.0 vs 195.8-196.1 us at b256 without it (device-logs-20261203-s35/
 # tune_mamba2_s35a.txt); Nano's from batch 256 too (8 bytes; _s35e: 180.4-181.0 vs 186.9-190.7 us in
-# 16-row programs, which spill nothing under their 64).
+# 16-row programs, which spill nothing under their 64). Since session 36 (coef: the flushing
+# programs compute the per-head terms the output route takes from the pre-pass) 16 bytes each; the
+# output route alone (compiled as the split route's first launch) spills none; 173.9-174.2 vs
+# 178.5-178.6 us at Super b256, 170.0-170.5 vs 178.8-179.6 at Nano (device-logs-20261203-s36/
+# tune_mamba2_s36b.txt).
 SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12, "replay dual fp8": 72, "super replay dual bf16": 96,
-                 "replay dual bf16": 4, "super replay bf16": 8, "replay bf16": 8}
+                 "replay dual bf16": 4, "super replay bf16": 16, "replay bf16": 16}
 
 
 def test_compiles_for_sm90():
