@@ -251,7 +251,10 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # Ultra 331.1-334.1 / 327.1-327.7; b512 Super 337.9-339.3 / 327.6-328.5, Nano 341.1-343.4 /
     # 324.8-337.8, Ultra 648.0-655.2 / 636.1-661.5 (IQR 55); b128 Super 102.6-102.8 / 101.9-102.4,
     # Nano 97.0-97.1 / 96.9-97.6 (a tie; the pre-pass's first form, its cursor-dependent loads not
-    # issued first, lost 2.5 % there: _s36a). So every row with bc takes coef.
+    # issued first, lost 2.5 % there: _s36a). Then at batch 64 (_s36c, with / without): dual bf16
+    # Super 64.0-64.1 / 64.4-64.5, Nano 61.4 / 61.4-61.6; dual fp8 b256 Super 232.9 / 262.6-262.9,
+    # Nano 247.0-247.6 / 278.9-279.5; but the bf16 state's 16-row row lost there, Super 58.0 / 56.7-
+    # 56.8, Nano 54.9 / 53.5. So every row with bc takes coef but that one (tied at b128).
     (4, "small"): [dict(_LEAN, ticket=True)],
     (4, "large"): [dict(_LEAN, bc=True, coef=True, min_bh=12288), _LEAN],
     (2, "small"): [dict(_LEAN, ticket=True)],
@@ -307,7 +310,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
                         maxnreg=96),
                    dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=24576, dual=False, maxnreg=72),
                    dict(_LEAN, early=True, preload=True, bc=True, coef=True, min_bh=6144, dual=True, maxnreg=72),
-                   dict(_LEAN, early=True, preload=True, bc=True, coef=True, min_bh=6144, maxnreg=64), _LEAN],
+                   dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, maxnreg=64), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)
     # dual fp8 at batch 256: the lean step in 32-row programs with bc, Super 263.3 / 269.1 us vs
     # 314.6 / 321.0 (64 x 2 below), Nano 279.5 / 285.9 vs 344.2 / 349.7 (16 x 1) (_s19c / _s19b);
