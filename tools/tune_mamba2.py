@@ -213,6 +213,8 @@ def groups_for(model: str, nano: bool) -> list[dict]:
     out += [g(11, "replay", 64, "bfloat16", "none", ["default", "default-r0"])]
     # the 32-row bf16 row from batch x heads 24576: Super's batch 192 moved to it from the 16-row row
     out += [g(11, "replay", 192, "bfloat16", "none", ["default", "f16w1-nt-fc16-bc-r64"])]
+    # session 36: with coef, from 12288 (Super's batch 96, Nano's 128) against the 16-row row
+    out += [g(11, "replay", 96, "bfloat16", "none", ["default", "f16w1-nt-fc16-bc-r64"])]
     # bf16 eager at batch 512, where ours was 0.94x vLLM's (Super, h200-kernels-20261130-s5)
     out += [g(6, "vllm-eager", 512, "bfloat16", "none", ["vllm"]),
             g(6, "eager", 512, "bfloat16", "none", EAGER_BF16 + EAGER_BF16_LARGE)]

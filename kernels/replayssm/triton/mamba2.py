@@ -255,6 +255,10 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # Super 64.0-64.1 / 64.4-64.5, Nano 61.4 / 61.4-61.6; dual fp8 b256 Super 232.9 / 262.6-262.9,
     # Nano 247.0-247.6 / 278.9-279.5; but the bf16 state's 16-row row lost there, Super 58.0 / 56.7-
     # 56.8, Nano 54.9 / 53.5. So every row with bc takes coef but that one (tied at b128).
+    # With coef the bf16 state's 32-row programs pay below batch x heads 24576 too (_s36e, _s36f,
+    # twice each, us, the 16-row row / 32 rows with coef): Super b128 102.8 / 98.1-98.3, Nano b128
+    # 96.8-96.9 / 95.3-95.5, Nano b192 145.6-153.7 / 133.7; not at b64 (Super 56.8-56.9 / 59.4,
+    # Nano 53.5-53.6 / 57.1-57.2). So that row from 12288 (Super from batch 96, Nano from 128).
     (4, "small"): [dict(_LEAN, ticket=True)],
     (4, "large"): [dict(_LEAN, bc=True, coef=True, min_bh=12288), _LEAN],
     (2, "small"): [dict(_LEAN, ticket=True)],
@@ -308,7 +312,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # (tune_mamba2_s35f.txt).
     (2, "large"): [dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True,
                         maxnreg=96),
-                   dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=24576, dual=False, maxnreg=72),
+                   dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=12288, dual=False, maxnreg=72),
                    dict(_LEAN, early=True, preload=True, bc=True, coef=True, min_bh=6144, dual=True, maxnreg=72),
                    dict(_LEAN, early=True, preload=True, bc=True, min_bh=6144, maxnreg=64), _LEAN],
     (1, "small"): [dict(block_p=16, warps=4)],                          # (not measured: as bf16)

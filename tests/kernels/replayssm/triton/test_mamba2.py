@@ -344,7 +344,7 @@ def test_replay_fold_chunks(device, route, block_p, fold_cols, mode, lo, late, N
 def test_replay_prepass_rows(monkeypatch):
     """Where the table runs the B_i . C pre-pass (bc) and with which tile, by batch x heads
     (min_bh) and head dim (p_mod): fp32 reads from 12288, 16-bit from 6144 (32-row programs
-    from 24576 whatever the head dim, session 35; dual states' from 16384 when 32 divides the
+    from 12288 whatever the head dim, sessions 35-36; dual states' from 16384 when 32 divides the
     head dim, folding 32 columns per chunk), dual fp8 from 24576 in 32-row programs; a
     tuning override wins. Of the fp32 and 16-bit (lean) rows, 16-bit reads in 16-row programs
     with the pre-pass load their state tile first (early), the others after the cursor."""
@@ -353,8 +353,9 @@ def test_replay_prepass_rows(monkeypatch):
     cases = [  # (dims, read bytes, dual, batch) -> (bc, rows)
         (super_, 4, False, 64, False, 16), (super_, 4, False, 96, True, 16), (nano, 4, False, 96, False, 16),
         (nano, 4, False, 128, True, 16), (super_, 2, True, 32, False, 16), (super_, 2, True, 64, True, 16),
-        (super_, 2, True, 256, True, 32), (nano, 2, False, 256, True, 32), (nano, 2, False, 192, True, 16),
-        (nano, 2, False, 128, True, 16), (nano, 2, True, 256, True, 16), (nano, 2, True, 64, True, 16),
+        (super_, 2, True, 256, True, 32), (nano, 2, False, 256, True, 32), (nano, 2, False, 192, True, 32),
+        (nano, 2, False, 128, True, 32), (nano, 2, False, 96, True, 16), (super_, 2, False, 96, True, 32),
+        (super_, 2, False, 64, True, 16), (nano, 2, True, 256, True, 16), (nano, 2, True, 64, True, 16),
         (super_, 1, True, 128, False, 64), (super_, 1, True, 256, True, 32), (nano, 1, True, 256, True, 32),
         (nano, 1, True, 128, False, 16)]
     for (P, H), rb, dual, batch, bc, rows in cases:
@@ -366,7 +367,7 @@ def test_replay_prepass_rows(monkeypatch):
     assert [(tk.replay_variant(P, 2, b, H, dual)["block_p"], tk.replay_variant(P, 2, b, H, dual)["fold_cols"])
             for (P, H), dual, b in ((super_, True, 256), (super_, True, 512), (super_, False, 256),
                                     (super_, True, 128), (super_, False, 128), (super_, True, 64), (nano, True, 256))] \
-        == [(32, 32), (32, 32), (32, 16), (32, 32), (16, 16), (16, 16), (16, 16)]
+        == [(32, 32), (32, 32), (32, 16), (32, 32), (32, 16), (16, 16), (16, 16)]
     monkeypatch.setitem(tk.OVERRIDE, "replay", {"bc": False})
     assert not tk.replay_variant(64, 4, 256, 128)["bc"]
 
@@ -375,19 +376,20 @@ def test_16bit_rows_register_budgets(monkeypatch):
     """The 16-bit read copies' rows run under register budgets. Dual states (session 34, where
     the flushing programs' fold set the count): Super's 32-row programs (from batch x heads
     16384) at 96, the early 16-row programs from 6144 at 72 (Nano from batch 64, Super at batch
-    48-127). bf16 states (session 35): the 32-row programs (from 24576: Super from batch 192,
-    Nano, head dim 80, from 256) at 72, the early 16-row programs at 64. Smaller batches, fp32
+    48-127). bf16 states (sessions 35-36): the 32-row programs (from 12288: Super from batch 96,
+    Nano, head dim 80, from 128) at 72, the early 16-row programs at 64. Smaller batches, fp32
     reads and fp8 low copies keep ptxas' own count; a tuning override's budget wins."""
     from replayssm.triton import mamba2 as tk
     super_, nano = (64, 128), (80, 96)     # (head dim, heads)
     cases = [  # (dims, read bytes, dual, batch) -> maxnreg
         (super_, 2, True, 128, 96), (super_, 2, True, 256, 96), (super_, 2, True, 512, 96),
         (super_, 2, True, 64, 72), (super_, 2, True, 32, None), (super_, 2, False, 256, 72),
-        (super_, 2, False, 512, 72), (super_, 2, False, 192, 72), (super_, 2, False, 128, 64),
-        (super_, 2, False, 48, 64),
+        (super_, 2, False, 512, 72), (super_, 2, False, 192, 72), (super_, 2, False, 128, 72),
+        (super_, 2, False, 96, 72), (super_, 2, False, 64, 64), (super_, 2, False, 48, 64),
         (super_, 2, False, 32, None), (super_, 4, False, 256, None), (nano, 2, True, 128, 72),
         (nano, 2, True, 256, 72), (nano, 2, True, 512, 72), (nano, 2, True, 64, 72), (nano, 2, True, 32, None),
-        (nano, 2, False, 64, 64), (nano, 2, False, 192, 64), (nano, 2, False, 256, 72), (nano, 2, False, 512, 72),
+        (nano, 2, False, 64, 64), (nano, 2, False, 96, 64), (nano, 2, False, 128, 72), (nano, 2, False, 192, 72),
+        (nano, 2, False, 256, 72), (nano, 2, False, 512, 72),
         (nano, 2, False, 32, None),
         (nano, 4, False, 256, None), (nano, 1, True, 256, None)]
     got = [tk.replay_variant(P, rb, b, H, dual)["maxnreg"] for (P, H), rb, dual, b, _ in cases]
