@@ -309,7 +309,7 @@ REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # 205.9 / 206.2-207.0 and b128 110.2-110.9 / 114.0-114.8 (dual states keep their rows). So the
     # bf16 32-row row from batch x heads 24576 (Nano from batch 256) whatever the head dim: at
     # Super's and Ultra's head dim 64 that moves batch 192-255 and 96-127 from 16-row programs
-    # (tune_mamba2_s35f.txt).
+    # (tune_mamba2_s35f.txt). Since session 36 (coef, above) from 12288.
     (2, "large"): [dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=16384, p_mod=32, fold_cols=32, dual=True,
                         maxnreg=96),
                    dict(_LEAN, block_p=32, bc=True, coef=True, min_bh=12288, dual=False, maxnreg=72),
