@@ -664,17 +664,17 @@ def _step_scalars(A_ptr, dt_ptr, dtb_ptr, B_ptr, b, h, g, offs_n, mask_n, s_dt_b
 
 
 @triton.jit
-def _step_weights(A, dt_raw, dtb, dt_i, mask_l, bdt_ptr):
-    """(A, dt_n, w, total) in fp32 from _step_scalars' raw A, dt, dt_bias and the buffered
-    dt_i [BL] (or [BL, heads], with mask_l and A, dt, dt_bias alike per head): dt_n = softplus(dt
-    + dt_bias) as the buffer stores it, w and total as _buffer_weights (the decay up to and
-    including the new entry)."""
+def _step_terms(A, dt_raw, dtb, Bn_raw, dt_i, mask_l, bdt_ptr, bB_ptr, EXACT: tl.constexpr):
+    """(A, dt_n, w, total, Bn_buf) from _step_scalars' raw A, dt, dt_bias, B and the buffered
+    dt_i [BL] (or [BL, heads], with mask_l and A, dt, dt_bias alike per head), fp32 but Bn_buf:
+    dt_n = softplus(dt + dt_bias) as the buffer stores it, w and total as _buffer_weights (the
+    decay up to and including the new entry), Bn_buf = B in the buffer's dtype (the appended row)."""
     A = A.to(tl.float32)
     dt_n = softplus(dt_raw.to(tl.float32) + dtb.to(tl.float32))
     dt_n = dt_n.to(bdt_ptr.dtype.element_ty).to(tl.float32)   # as stored in the buffer
     dt_i = dt_i.to(tl.float32)
     w, total = _buffer_weights(dt_i * A, dt_i, mask_l, dt_n * A)
-    return A, dt_n, w, total
+    return A, dt_n, w, total, cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
 
 
 @triton.jit
@@ -725,8 +725,7 @@ def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, A_ptr, dt_ptr, dtb_ptr, B_
         mask_l = (offs_l < n) & live
         m2 = mask_l[:, None] & in_h[None, :]
         dt_i = tl.where(m2, dt_all, 0.0)    # rows past the cursor may hold anything (even NaN)
-        A, dt_n, w, total = _step_weights(A, dt_raw, dtb, dt_i, m2, bdt_ptr)
-        Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+        A, dt_n, w, total, Bn_buf = _step_terms(A, dt_raw, dtb, Bn_raw, dt_i, m2, bdt_ptr, bB_ptr, EXACT)
         cf = bc_ptr + (b * tl.num_programs(0) * HPG + hh) * (2 * BLOCK_L)     # [BLOCK_H] head rows
         tl.store(cf[None, :] + offs_l[:, None], tl.where(m2, w * bc[:, None], 0.0), mask=in_h[None, :])
         tl.store(cf + BLOCK_L, total, mask=in_h)
@@ -821,8 +820,7 @@ def _replay_step_kernel(
                      mask=mask_l[:, None] & mask_p[None, :], other=0.0)
     Dh = Dh.to(tl.float32)
     if not PRE_COEF:    # buffered entries 0..n-1: per-head decay weights (shared by all rows)
-        A, dt_n, w, total = _step_weights(A, dt_raw, dtb, dt_i, mask_l, bdt_ptr)
-        Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+        A, dt_n, w, total, Bn_buf = _step_terms(A, dt_raw, dtb, Bn_raw, dt_i, mask_l, bdt_ptr, bB_ptr, EXACT)
         Bn = Bn_buf.to(tl.float32)   # as stored in the buffer
     Cv = Cv.to(tl.float32)
     x_buf = cast(x_raw.to(tl.float32), bx_ptr.dtype.element_ty, EXACT)   # entry n as stored
@@ -839,8 +837,7 @@ def _replay_step_kernel(
             A, dt_raw, dtb, Bn_raw = _step_scalars(A_ptr, dt_ptr, dtb_ptr, B_ptr, b, h, g, offs_n, mask_n, s_dt_b,
                                                    s_B_b, s_B_g)
             dt_i = tl.load(bdt_ptr + slot * s_bdt_s + offs_l * s_bdt_l + h, mask=mask_l, other=0.0)
-            A, dt_n, w, total = _step_weights(A, dt_raw, dtb, dt_i, mask_l, bdt_ptr)
-            Bn_buf = cast(Bn_raw.to(tl.float32), bB_ptr.dtype.element_ty, EXACT)
+            A, dt_n, w, total, Bn_buf = _step_terms(A, dt_raw, dtb, Bn_raw, dt_i, mask_l, bdt_ptr, bB_ptr, EXACT)
             Bn = Bn_buf.to(tl.float32)
         if FOLD_ROWS == BLOCK_P and FOLD_COLS == BLOCK_N:    # the whole tile in one fold
             if PRELOAD and not PRE_COEF:
@@ -922,13 +919,11 @@ def _replay_step_kernel(
         else:
             Xbf = tl.load(bx_ptr + bx_base + offs_l[:, None] * s_bx_l + offs_p[None, :],
                           mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-        if PRE_COEF:
-            pass
-        elif PRE_BC:
-            coef = tl.where(mask_l, w * bc, 0.0)                # [BL] w_i (B_i . C)
-        else:
-            coef = w * tl.sum(Bbf * Cv[None, :], axis=1)       # [BL] w_i (B_i . C)
-        if not PRE_COEF:
+        if not PRE_COEF:    # (else loaded above)
+            if PRE_BC:
+                coef = tl.where(mask_l, w * bc, 0.0)                # [BL] w_i (B_i . C)
+            else:
+                coef = w * tl.sum(Bbf * Cv[None, :], axis=1)       # [BL] w_i (B_i . C)
             coef_n = dt_n * tl.sum(Bn * Cv, axis=0)
         if not EARLY:
             S = _load_state(rd_ptr, rd_sc_ptr, ck_base, sc_base, offs_p, offs_n, s_ck_p, mask, mask_p, RD_SCALE,
