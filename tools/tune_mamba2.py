@@ -30,7 +30,8 @@ row's); -fr rows per fold chunk of flushing programs (default 16); -fc columns p
 (default: whole rows); -pf a prefetch hint for the state tile before the cursor (1 into L2, 2 into L1; with -late); -bc the
 buffer's B_i . C once per group in a launch ahead of the step (PRE_BC; -nopdl: the step not as its
 programmatic dependent); -coef every per-head term of the output path in that launch (PRE_COEF: the
-decay weights, B . C, the dt and B appends; -nocoef: not). default-{flags}: the shipped tables with those flags' knobs over them
+decay weights, B . C, the dt and B appends; -nocoef: not); -nofoldwait the flushing programs not waiting
+for that launch at their end (FOLD_WAIT off, session 37's A/B). default-{flags}: the shipped tables with those flags' knobs over them
 (default-fc32). Eager:
 e{BLOCK_P}x{chunks}w{warps}[-ev] (chunks 0 = whole head). Variants map onto
 replayssm.triton.mamba2.OVERRIDE.
@@ -112,6 +113,8 @@ def _replay_flags(ov: dict, flags: str, name: str) -> dict:
             ov["coef"] = False
         elif flag == "nopdl":
             ov["pdl"] = False
+        elif flag == "nofoldwait":
+            ov["fold_wait"] = False
         else:
             raise ValueError(f"bad flag {flag!r} in {name!r}")
     return ov

@@ -164,6 +164,8 @@ VERIFY_TMA = {(4, "large")}
 #            the state written at every k-th step (_replay_defer_kernel, k >= 2; the steps
 #            between append their entry, and the next folds it) instead of at every step
 #            (_replay_eager_kernel, k = 1). reference.mamba2_replay_step's `route`.
+#   fold_wait  with bc / coef: the flushing programs wait for the pre-pass at their end
+#            (FOLD_WAIT), so no step finishes before it whatever its sequences do (session 37).
 # Route batches <= ROUTE_BATCH[bytes] as the table's "route" rows say (where given; a row's max_b, where
 # set, is the largest batch it routes, above which the step buffers). False: those rows
 # are skipped, so every replay step buffers (tests of the buffered route, studies of it at
@@ -185,7 +187,7 @@ ROUTE_BATCH = {4: 4, 2: 16}
 # copies and dual states buffered from batch 1: 0.91-0.96x our fp32 eager at batch 1-2,
 # h200-small-batch-20261201-s17b; at batch 4 the buffered dual step ran 1.20-1.24x).
 REPLAY_DEFAULTS = dict(route="fused", early=True, preload=True, ticket=True, fold_rows=16, fold_cols=0, evict="",
-                       maxnreg=None, pf=0, bc=False, pdl=None, route_k=1, coef=False)
+                       maxnreg=None, pf=0, bc=False, pdl=None, route_k=1, coef=False, fold_wait=True)
 _LEAN = dict(block_p=16, warps=1, early=False, preload=False, ticket=False, fold_cols=16)
 REPLAY_CONFIGS: dict[tuple[int, str], list[dict]] = {
     # batch <= ROUTE_BATCH with SMALL_BATCH_ROUTE (fp32): the eager route, eager's traffic and
@@ -455,7 +457,8 @@ def replay_variant(P: int, read_bytes: int, batch: int, nheads: int, dual: bool 
             "preload": bool(v["preload"]), "ticket": bool(v["ticket"]), "evict": v["evict"] or "",
             "fold_rows": min(rows, v["fold_rows"] or rows), "fold_cols": int(v["fold_cols"] or 0),
             "maxnreg": v["maxnreg"], "pf": int(v["pf"]), "bc": bool(v["bc"]),
-            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "route_k": rk, "coef": bool(v["coef"])}
+            "pdl": PDL if v["pdl"] is None else bool(v["pdl"]), "route_k": rk, "coef": bool(v["coef"]),
+            "fold_wait": bool(v["fold_wait"])}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -751,7 +754,7 @@ def _replay_step_kernel(
     EXACT: tl.constexpr, FUSED: tl.constexpr, TICKET: tl.constexpr, EARLY: tl.constexpr, EVICT: tl.constexpr,
     FOLD_ROWS: tl.constexpr, PRELOAD: tl.constexpr, FOLD_COLS: tl.constexpr,
     PF: tl.constexpr = 0, RD_LPR: tl.constexpr = 1, RD_LS: tl.constexpr = 32, PRE_BC: tl.constexpr = False,
-    GDC: tl.constexpr = False, PRE_COEF: tl.constexpr = False,
+    GDC: tl.constexpr = False, PRE_COEF: tl.constexpr = False, FOLD_WAIT: tl.constexpr = True,
 ):
     """One ReplaySSM step for BLOCK_P rows of head h of batch row b (see module docstring).
 
@@ -772,6 +775,9 @@ def _replay_step_kernel(
     `total`, dt_n (B . C)) from bc_ptr [b, H, 2 BLOCK_L] (_buffer_bc_kernel's COEF), which also
     made the dt and B appends; only the flush route loads A, dt, dt_bias, B and the buffered dt
     (a program's own work is then its tile, the cursor, x and its appended x row).
+    FOLD_WAIT (with PRE_BC and GDC): the flush route waits for that kernel too, at its end, so
+    every program of the step waits for it and the step cannot finish before it, even when
+    every sequence flushes (then no program takes the output route).
     Rows 0..n-1 are only read and row n only written, so programs of one sequence never race.
     """
     pid_p = tl.program_id(0)
@@ -900,6 +906,13 @@ def _replay_step_kernel(
                                  mask_q, Sq, HI_SCALE, HAS_LO, LO_SCALE, EXACT, EVICT)
                     yq += tl.sum(Sq * Cm[None, :], axis=1)
                 _finish_y(yq, xq, Dh, z_row, y_row, offs_q, mask_q, in_q, HAS_Z, EXACT)
+        if PRE_BC and FOLD_WAIT:
+            # The flush route reads nothing the pre-pass writes, but without this wait a step
+            # whose sequences all flush (lockstep cursors, every K-th step) would have no program
+            # waiting for the pre-pass, and only the stream's order around a programmatic pair
+            # would keep the launches after this one (the cursor pass, the next step's pre-pass
+            # into the same scratch) from overlapping it. Here it is done long before.
+            gdc_wait_prior(GDC)
     else:
         if PRE_COEF:    # zero past the cursor (the pre-pass masked them)
             gdc_wait_prior(GDC)     # _buffer_bc_kernel's terms written and visible
@@ -1819,7 +1832,8 @@ def plan_replay_step(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
         zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         *_buffer_strides(rs), *_ckpt_strides(rs),
         RD_SCALE=rd_has, FUSED=fused, TICKET=ticket, EARLY=v["early"], PRELOAD=v["preload"], FOLD_COLS=fold_cols,
-        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"] or coef, PRE_COEF=coef, **pdl, **common))
+        PF=v["pf"], RD_LPR=rd_lpr, RD_LS=rd_ls, PRE_BC=v["bc"] or coef, PRE_COEF=coef, FOLD_WAIT=v["fold_wait"],
+        **pdl, **common))
     if not fused:
         launches.append(_record(_replay_flush_kernel, grid)(
             x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,

@@ -1258,3 +1258,49 @@ def test_compiles_for_sm90():
         assert r["regs"] is not None, name
         threads = 32 * r["warps"]
         assert min(2048 // threads, 65536 // (threads * r["regs"])) >= 4, f"{name}: {r}"
+
+
+_OFFLINE_FOLD_WAIT = r"""
+import json, os
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+from replayssm import inputs as I
+from replayssm.state import Mamba2ReplayState
+from replayssm.triton import mamba2 as tk
+
+sh, dev, b = I.Mamba2Shape(128, 64, 128, 8), "meta", 256     # Nemotron-3-Super-120B, a coef row
+p = {k: v.to(dev) for k, v in I.mamba2_params(sh).items()}
+inp = {k: v.to(dev) for k, v in I.mamba2_step_inputs(sh, b, act_dtype=torch.bfloat16).items()}
+idx = torch.zeros(b, dtype=torch.int32, device=dev)
+out = {}
+for wait in (True, False):
+    tk.OVERRIDE["replay"] = dict(fold_wait=wait)
+    rs = Mamba2ReplayState.allocate(b, 128, 64, 128, 8, 16, 16, mode="dual", lo_dtype="bfloat16",
+                                    act_dtype=torch.bfloat16, device=dev)
+    step = [ln for ln in tk.plan_replay_step(rs, **inp, **p, state_indices=idx)[0]
+            if ln.kernel is tk._replay_step_kernel][0]
+    assert step.meta["PRE_COEF"] and step.meta["GDC"], step.meta
+    out[str(wait)] = tk.compile_offline(step, asm=True)["asm"]["ptx"].count("griddepcontrol.wait")
+print(json.dumps(out))
+"""
+
+
+def test_flushing_programs_wait_for_the_prepass():
+    """The step behind the coef / B_i . C pre-pass (a programmatic dependent launch) waits for it
+    in its flushing programs too (FOLD_WAIT), not only in the output route, so that a step whose
+    sequences all flush still cannot finish before the pre-pass: the sm_90 PTX of the shipped Super
+    dual bf16 b256 step holds more grid-dependency waits with the knob than without."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import triton
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("Triton's bundled ptxas is not available")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _OFFLINE_FOLD_WAIT], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    waits = json.loads(res.stdout.strip().splitlines()[-1])
+    assert waits["False"] >= 1 and waits["True"] > waits["False"], waits
