@@ -473,11 +473,6 @@ EXTRA = {**{f"route-dual-b{b}": ("dual-bf16", DUAL_SMALL, b, ("q122b", "q4b")) f
          **{f"eager-regs-{m}-b{b}": (f"eager-{m}", [EAGER(4, 1), dict(EAGER(4, 1), maxnreg=56), dict(EAGER(4, 1), maxnreg=48),
                                                     EAGER(8, 1), dict(EAGER(8, 1), maxnreg=56)], b, ("q122b", "q4b"))
             for m in ("f32", "bf16") for b in (1, 8, 32, 256)},
-         # session 37: the dual flush step EARLY (its fold before the wait for the output launch,
-         # this step's entry from the inputs, the cursors moved by a third launch), interleaved
-         # twice with the table's row
-         **{f"early-{m}-b{b}": (m, [_table(m, b), _table(m, b, F_EARLY=True)] * 2, b, ("q122b", "q4b"))
-            for m in ("dual-bf16", "dual-fp8") for b in (64, 128, 256, 512)},
          # session 15: the SPLIT step's flush launch as a programmatic dependent (gdn.PDL) vs not,
          # the table's rows otherwise
          **{f"pdl-{m}-b{b}": (m, [_table(m, b), _table(m, b, PDL=False)], b, ("q122b", "q4b"))

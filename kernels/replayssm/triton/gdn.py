@@ -1339,24 +1339,17 @@ def _stored_entry(F, wrun, i, n, slot64, h, kh, rr, rm, cols, cmask, ub_ptr, kb_
 
 @triton.jit
 def _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w, writer, NW: tl.constexpr,
-                   BLOCK_B: tl.constexpr, STALE: tl.constexpr, FROM_CUR: tl.constexpr = False):
+                   BLOCK_B: tl.constexpr, STALE: tl.constexpr):
     """The flushing rows of a SPLIT replay step, from nxt[b] = the cursor word row b had (-1:
     padded; this step's entry is at n = its count): rows with n + 1 >= K or a stale low copy
     (LO_STALE) flush, ranked in batch order. The programs with `writer` set (one per worker)
     write the cursors of rows b % NW == w: 0 after a flush, else n + 1. Returns (bb, nb, fl,
     rank, sl) over the BLOCK_B rows (nb: the counts, -1 padded; sl: their slots, loaded with
     the words so that a worker's row costs no further round trip) and this worker's count of
-    ranks w, w + NW, ... STALE: a dual state (other states' words carry no LO_STALE bit).
-    FROM_CUR: the words from the cursors themselves (cursor[idx[b]], not yet moved this step)
-    instead of nxt."""
+    ranks w, w + NW, ... STALE: a dual state (other states' words carry no LO_STALE bit)."""
     bb = tl.arange(0, BLOCK_B)
-    sl = tl.load(idx_ptr + bb, mask=bb < batch, other=-1 if FROM_CUR else 0)
-    if FROM_CUR:    # (the words' other bits: the deferred route's epoch)
-        live = sl >= 0
-        word = tl.load(cur_ptr + tl.maximum(sl, 0), mask=live, other=0) & (_LO_STALE | _CUR_MASK)
-        word = tl.where(live, word, -1)
-    else:
-        word = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
+    word = tl.load(nxt_ptr + bb, mask=bb < batch, other=-1)
+    sl = tl.load(idx_ptr + bb, mask=bb < batch, other=0)
     if STALE:
         nb = tl.where(word >= 0, word & _CUR_MASK, -1)
         fl = (nb >= 0) & ((nb + 1 >= flush_period) | ((word & _LO_STALE) != 0))
@@ -1415,7 +1408,6 @@ def _gdn_flush_step_kernel(
     q_ptr, o_ptr, idx_ptr, nxt_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, hi_desc, lo_desc,
     sqb, sqh, sob, soh, scale, flush_period, batch,
-    k_ptr, v_ptr, g_ptr, beta_ptr, skb, skh, svb, svh, sgb, sgh, sbb, sbh,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, NR: tl.constexpr, HP: tl.constexpr,
     NW: tl.constexpr, BLOCK_B: tl.constexpr, PF: tl.constexpr, PF_DIST: tl.constexpr,
@@ -1425,7 +1417,7 @@ def _gdn_flush_step_kernel(
     P_PREC: tl.constexpr = "tf32x3", SMALL_PREC: tl.constexpr = "tf32x3", GRAM_PREC: tl.constexpr = "tf32x3",
     WRITE_O: tl.constexpr = True, COMPACT: tl.constexpr = False, GDC: tl.constexpr = False,
     TMA: tl.constexpr = False, ST_TMA: tl.constexpr = False,
-    LOAD_EV: tl.constexpr = _EVICT_FIRST, STORE_EV: tl.constexpr = _EVICT_FIRST, EARLY: tl.constexpr = False,
+    LOAD_EV: tl.constexpr = _EVICT_FIRST, STORE_EV: tl.constexpr = _EVICT_FIRST,
 ):
     """Second launch of a SPLIT replay step: the flushes and the cursor moves. Also the
     speculative commit's fold (WRITE_O False: no output; nxt from _gdn_commit_cursor_kernel).
@@ -1475,19 +1467,8 @@ def _gdn_flush_step_kernel(
     out through hi_desc too and, dual with a 16-bit low copy, the low copy's through lo_desc
     (its descriptor, same block): a shared-memory write and one bulk copy per chunk instead
     of a layout conversion and a [rows, dk] tile of addresses per store.
-    EARLY (dual states, FOLD_MMA, not COMPACT; session 37): the flush step does not wait for the
-    output launch ahead of it before its work, only (one program per worker) at its end, so its
-    programs fold while that launch's last programs run. It may: in a dual SPLIT step the output
-    launch reads neither a flushing row's copies nor writes its output (it only appends), and
-    nothing this kernel reads is written there but this step's entry, which it takes from the
-    step's inputs (k, v, g, beta; cast as the buffer stores them) instead of the buffer, and the
-    cursors, which it reads as the flushing rows' words instead of nxt and leaves in place: the
-    cursor launch behind it (_gdn_step_cursor_kernel) moves them. The end-of-program wait
-    keeps this launch, hence the cursor launch's wait for it, from finishing before the output
-    launch.
     """
-    if not EARLY:
-        gdc_wait_prior(GDC)
+    gdc_wait_prior(GDC)
     gdc_release(GDC)
     GROUP: tl.constexpr = HV // HK
     RP: tl.constexpr = BLOCK_R * NR
@@ -1507,8 +1488,7 @@ def _gdn_flush_step_kernel(
         n_mine = (tl.load(nxt_ptr + batch) - w + NW - 1) // NW       # this worker's ranks w, w + NW, ...
     else:   # (the rank-1 path below does not use n_mine)
         bb, nb, fl, rank, sl, n_mine = _scan_flushing(nxt_ptr, idx_ptr, cur_ptr, batch, flush_period, w,
-                                                      (pid0 == 0) & (kh == 0) & (not EARLY), NW, BLOCK_B, DUAL,
-                                                      EARLY)
+                                                      (pid0 == 0) & (kh == 0), NW, BLOCK_B, DUAL)
     for t in range(NT):
         if COMPACT:
             key = n_mine * 0 - 1
@@ -1543,16 +1523,7 @@ def _gdn_flush_step_kernel(
                 ll = tl.arange(0, BLOCK_L)
                 lm = ll <= n
                 ent = slot64 * L + ll
-                if EARLY:   # entry n from the inputs (the output launch may not have appended it)
-                    lb = ll < n
-                    kb, _, rk = _fold_keys(kb_ptr, ent, lb, kh, cols, cmask, HK, DK, EPS)
-                    k_n = tl.load(k_ptr + b * skb + kh * skh + cols, mask=cmask, other=0.0)
-                    k_n = cast(k_n.to(tl.float32), kb_ptr.dtype.element_ty, INTERP)    # as appended
-                    kb = tl.where((ll == n)[:, None], k_n[None, :], kb)
-                    kf = kb.to(tl.float32)
-                    rk = tl.rsqrt(tl.sum(kf * kf, 1) + EPS)
-                else:
-                    kb, _, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)   # mm converts kb
+                kb, _, rk = _fold_keys(kb_ptr, ent, lm, kh, cols, cmask, HK, DK, EPS)   # mm converts kb
             if DUAL:
                 if WRITE_O:
                     qn = tl.load(q_ptr + b * sqb + kh * sqh + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -1568,22 +1539,9 @@ def _gdn_flush_step_kernel(
                 h = h0 + hh
                 if FOLD_MMA:   # per-head coefficients, shared by the head's NR chunks
                     el = ent * HV + h
-                    if EARLY:   # entry n from the inputs, as the output launch appends them
-                        g_n = cast(tl.load(g_ptr + b * sgb + h * sgh).to(tl.float32), gb_ptr.dtype.element_ty, INTERP)
-                        gl = tl.load(gb_ptr + el, mask=lb, other=0.0).to(tl.float32)
-                        gl = tl.where(ll == n, g_n.to(tl.float32), gl)
-                        cl = tl.cumsum(gl, 0)
-                        Cn = tl.sum(gl, 0)
-                        wl = tl.where(lm, tl.exp(Cn - cl) * rk, 0.0)      # as _fold_decays
-                        b_n = cast(tl.load(beta_ptr + b * sbb + h * sbh).to(tl.float32), bb_ptr.dtype.element_ty,
-                                   INTERP)
-                        bl = tl.load(bb_ptr + el, mask=lb, other=0.0).to(tl.float32)
-                        bl = tl.where(ll == n, b_n.to(tl.float32), bl)
-                    else:
-                        cl, Cn, wl = _fold_decays(gb_ptr, el, lm, rk)
-                        if DUAL:
-                            bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
+                    cl, Cn, wl = _fold_decays(gb_ptr, el, lm, rk)
                     if DUAL:
+                        bl = tl.load(bb_ptr + el, mask=lm, other=0.0).to(tl.float32)
                         M = tl.where(ups, bl[None, :] * tl.exp(tl.where(ups, cl[None, :] - cl[:, None], 0.0)) * KK,
                                      0.0)
                         X = _unit_tri_inv_minus_eye(M, BLOCK_L, SMALL_PREC, INTERP)   # (I + M)^-1 - I
@@ -1605,15 +1563,8 @@ def _gdn_flush_step_kernel(
                     else:
                         S = _ckpt_load(hi_ptr, hi_sc_ptr, tile, row, m2, rm, HI_FP8, LOAD_EV)
                     if DUAL and FOLD_MMA:
-                        if EARLY:
-                            V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lb[None, :],
-                                        other=0.0).to(tl.float32)
-                            v_n = tl.load(v_ptr + b * svb + h * svh + rr, mask=rm, other=0.0)
-                            v_n = cast(v_n.to(tl.float32), vb_ptr.dtype.element_ty, INTERP).to(tl.float32)
-                            V = tl.where((ll == n)[None, :], v_n[:, None], V)
-                        else:
-                            V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
-                                        other=0.0).to(tl.float32)                      # [rows, BL] raw v
+                        V = tl.load(vb_ptr + el[None, :] * DV + rr[:, None], mask=rm[:, None] & lm[None, :],
+                                    other=0.0).to(tl.float32)                      # [rows, BL] raw v
                         P = mm(S, tl.trans(kb), P_PREC, INTERP)                       # S_0 k_i (raw keys)
                         R_ = bl[None, :] * (V - rc[None, :] * P)
                         U = R_ + mm(R_, X, SMALL_PREC, INTERP)                     # R (I + M)^-1
@@ -1668,22 +1619,6 @@ def _gdn_flush_step_kernel(
                         hi_desc.store([trow, 0], cast(S, hi_desc.dtype, INTERP))
                     else:
                         _ckpt_store(hi_ptr, hi_sc_ptr, tile, row, S, m2, rm, HI_FP8, INTERP, STORE_EV)
-    if EARLY:   # one program per worker: this launch does not finish before the output launch
-        if (pid0 == 0) & (kh == 0):
-            gdc_wait_prior(GDC)
-
-
-@triton.jit
-def _gdn_step_cursor_kernel(idx_ptr, cur_ptr, batch, flush_period, BLOCK_B: tl.constexpr, DUAL: tl.constexpr,
-                            GDC: tl.constexpr = False):
-    """The cursor moves of a SPLIT replay step whose flush step runs EARLY, one program, launched
-    after it (its programmatic dependent: it waits for it, and through its end-of-program waits
-    for the output launch, whose programs read the cursors): cursor[idx[b]] becomes 0 where
-    the row flushed (n + 1 >= K, or a stale low copy), else n + 1, as the flush step's writers
-    do otherwise (_scan_flushing)."""
-    gdc_wait_prior(GDC)
-    gdc_release(GDC)
-    _scan_flushing(cur_ptr, idx_ptr, cur_ptr, batch, flush_period, 0, True, 1, BLOCK_B, DUAL, True)
 
 
 @triton.jit
@@ -2362,20 +2297,13 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, c
     plans = [(_gdn_replay_kernel, grid, args, meta)]
     if split:
         fc = _flush_step_row(rs, batch, "flush_step", config)
-        early = False
         if fc.get("TWO_PASS") and _dual_2pass_fits(rs):     # opt-in (F_TWO_PASS; see CONFIGS)
             plans.append(_plan_dual_2pass(rs, q, o, idx, nxt, batch, scale, fc, 1, write_o=True, compact=False))
         else:
-            fm = replay_meta(fc, L, dv, Hv // Hk, rs.flush_period)
-            early = bool(fc.get("EARLY")) and dual and _fold_mma_fits(rs, fc, fm["BLOCK_R"])
-            plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, fc, rows_per=1,
-                                          inputs=(k, v, g, beta) if early else None))
+            plans.append(_plan_flush_step(rs, q, o, idx, nxt, batch, dk, scale, fc, rows_per=1))
         pdl = pdl_meta(v.device, bool(cfg.get("PDL", PDL)))     # the flush step behind the output launch
         meta["GDC"] = pdl["GDC"]
         plans[1][3].update(pdl)
-        if early:   # the cursors, moved behind the early flush step (it reads them)
-            plans.append((_gdn_step_cursor_kernel, (1,), [idx, rs.cursor, batch, rs.flush_period],
-                          dict(BLOCK_B=triton.next_power_of_2(batch), DUAL=dual, num_warps=4, **pdl)))
     return plans
 
 
@@ -2393,14 +2321,12 @@ def _flush_step_row(rs: GDNReplayState, batch: int, op: str, config) -> dict:
 
 
 def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, scale, fc: dict, rows_per: int,
-                     write_o: bool = True, compact: bool = False, inputs=None):
+                     write_o: bool = True, compact: bool = False):
     """Plan of _gdn_flush_step_kernel over `batch` rows whose last kept entry is nxt[b] (the
     SPLIT replay step's second launch; the commit's fold with write_o False, compact: nxt
     lists the flushing rows). fc: its launch row (_flush_step_row). rows_per: the most entries
     a row gains per call (step 1, commit T), which sizes the workers per head block,
-    NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round.
-    inputs: the step's (k, v, g, beta) for an EARLY flush step (the kernel's docstring; the
-    caller has checked that it applies and plans the cursor launch behind it)."""
+    NW = cdiv(batch * rows_per, K): a staggered batch's flushing rows in one round."""
     _, Hv, dv, _ = rs.hi.data.shape
     Hk, L, K = rs.k.shape[2], rs.capacity, max(rs.flush_period, 1)
     dual = rs.mode == "dual"
@@ -2423,13 +2349,12 @@ def _plan_flush_step(rs: GDNReplayState, q, o, idx, nxt, batch: int, dk: int, sc
         lo_desc = tma_rows(rs.lo.data, dk, [(fm["BLOCK_R"], fc["BLOCK_K"])], "F_ST_TMA", None)
         st_tma = lo_desc is not None
     args = [q, o, idx, nxt, *ck, *buf, rs.cursor, descs[0] if descs else rs.hi.data,
-            lo_desc[0] if lo_desc else ck[2], *_strides(q, o, dims=2), scale, rs.flush_period, batch,
-            *(inputs if inputs else (q,) * 4), *(_strides(*inputs, dims=2) if inputs else (0,) * 8)]
+            lo_desc[0] if lo_desc else ck[2], *_strides(q, o, dims=2), scale, rs.flush_period, batch]
     meta = dict(BLOCK_K=fc["BLOCK_K"], INTERP=interpreting(), EPS=L2_EPS, num_warps=fc["num_warps"], TMA=bool(descs),
                 ST_TMA=st_tma,
                 HV=Hv, HK=Hk, DK=dk, DV=dv, L=L, DUAL=dual, BLOCK_R=fm["BLOCK_R"], NR=fm["NR"], HP=fm["HP"],
                 NW=nw, BLOCK_B=triton.next_power_of_2(batch), PF=fm["PF"], PF_DIST=fm["PF_DIST"],
-                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, EARLY=inputs is not None, **ck_meta)
+                HI_LPR=hi_lpr, HI_LS=hi_ls, WRITE_O=write_o, COMPACT=compact, **ck_meta)
     _launch_options(meta, fc)
     _evict_options(meta, fc)
     if _fold_mma_fits(rs, fc, fm["BLOCK_R"]):

@@ -281,17 +281,6 @@ REPLAY_CASES = [
      {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_CHUNK_K": 16, "F_TWO_PASS": True}),
     ("dual-f16-gqa-split-2pass", GQA, "dual", "float32", "float16", torch.float32, 5, 3,
      {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_TWO_PASS": True}),
-    # session 37: the dual flush step EARLY (this step's entry from the inputs, the flushing rows
-    # from the cursors, which a third launch moves): bf16x3e products, TMA loads and stores,
-    # pipelined, 4 chunks past dv; an fp8 low copy over GQA heads with fp32 activations
-    ("dual-bf16-tall-split-foldmma-early", TALL, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
-     {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_NR": 4, "F_FOLD_MMA": True, "F_P_PREC": "bf16x3e",
-      "F_FOLD_PREC": "bf16x3e", "F_SMALL_PREC": "bf16x6", "F_EARLY": True}),
-    ("dual-bf16-even-split-tma-flush-st-early", EVEN, "dual", "float32", "bfloat16", torch.bfloat16, 6, 4,
-     {"BLOCK_V": 16, "SPLIT": True, "RD_MMA": True, "TMA": True, "PF": 0, "F_BLOCK_V": 16, "F_NR": 2,
-      "F_FOLD_MMA": True, "F_TMA": True, "F_ST_TMA": True, "F_num_stages": 2, "F_EARLY": True}),
-    ("dual-fp8-gqa-split-foldmma-early", GQA, "dual", "float32", "float8_e4m3", torch.float32, 4, 3,
-     {"BLOCK_V": 8, "SPLIT": True, "F_BLOCK_V": 16, "F_HP": 2, "F_FOLD_MMA": True, "F_EARLY": True}),
 ]
 FOLD_ROUTE_CASES = [c for c in REPLAY_CASES if "F_FOLD_MMA" in (c[-1] or {}) or "F_TWO_PASS" in (c[-1] or {})]
 
@@ -304,10 +293,7 @@ def test_fold_route_cases_take_that_route(case):
     x = step_inputs(sh, 3, act, gen(4))
     from replayssm.triton import gdn as TK
     plans = TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)
-    if cfg.get("F_EARLY"):     # the cursors moved by a third launch, behind the early flush step
-        assert len(plans) == 3 and plans[2][0] is TK._gdn_step_cursor_kernel and plans[1][3]["EARLY"], name
-    else:
-        assert len(plans) == 2 and not plans[1][3].get("EARLY"), name
+    assert len(plans) == 2, name
     if cfg.get("F_TWO_PASS"):   # the two-pass dual kernel: the step's rows scanned, outputs rewritten
         assert plans[1][0] is TK._gdn_dual_2pass_kernel and plans[1][3]["WRITE_O"] and not plans[1][3]["COMPACT"]
     else:
@@ -523,20 +509,16 @@ def flush_step_meta(rs, sh, cfg):
     return TK.plan_replay(rs, **x, state_indices=None, scale=0.3, o=x["v"], config=cfg)[1][3]
 
 
-@pytest.mark.parametrize("mode,lo,sd,split", [("replay", None, "float32", None), ("dual", "bfloat16", "float32", None),
-                                               ("dual", "float8_e4m3", "float32", None),
-                                               ("replay", None, "bfloat16", None),
-                                               ("shared-low", "float8_e4m3", "float32", None),
-                                               ("dual", "bfloat16", "float32", {"F_EARLY": True})],
-                         ids=["f32", "dual-bf16", "dual-fp8", "bf16-state", "shared-fp8", "dual-bf16-split-early"])
-def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd, split):
+@pytest.mark.parametrize("mode,lo,sd", [("replay", None, "float32"), ("dual", "bfloat16", "float32"),
+                                         ("dual", "float8_e4m3", "float32"), ("replay", None, "bfloat16"),
+                                         ("shared-low", "float8_e4m3", "float32")],
+                         ids=["f32", "dual-bf16", "dual-fp8", "bf16-state", "shared-fp8"])
+def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd):
     # the small-batch route (EAGER_ROUTE: a flush at every step, no append) folds whatever the
     # buffer holds first, so steps may switch routes: the reference's route semantics (route=True:
     # every row flushes; dual: the high copy alone, the low copy marked stale, and the next
     # buffered step flushes it) must agree on outputs, checkpoints and cursor words (its buffer
-    # rows past the cursor differ: it appends before it flushes; the kernel route does not append).
-    # split: the buffered steps as a SPLIT step with these flush-step keys (the early flush step
-    # finds the stale rows in the cursor words themselves)
+    # rows past the cursor differ: it appends before it flushes; the kernel route does not append)
     g = gen(7)
     K = 4
     rs, rr = make_pair(TALL, 4, 6, K, mode, sd, lo, torch.bfloat16, g)
@@ -552,10 +534,8 @@ def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd, split):
             stale_flushed += int(rr.lo_stale(live).sum())
         lo_before = rs.lo.data.clone() if rs.lo is not None else None
         # the rare path inline, or as a call (PENDING_CALL: the 16-bit table row's form)
-        cfg = {"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": eager, "PENDING_CALL": step % 2 == 0}
-        if split and not eager:
-            cfg = {"BLOCK_V": 16, "SPLIT": True, "F_BLOCK_V": 16, "F_FOLD_MMA": True, **split}
-        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]), config=cfg)
+        o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]),
+                           config={"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": eager, "PENDING_CALL": step % 2 == 0})
         o_ref = R.gdn_replay_step(rr, **x, state_indices=idx, route=eager)
         assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step}: {rel_err(o, o_ref):.3g}"
         assert (o[idx < 0] == 0).all()
@@ -1315,33 +1295,26 @@ def test_16bit_read_dots_keep_fp32_accuracy(model, mode, sd, lo, cfg):
 
 
 @cuda_only
-@pytest.mark.parametrize("mode,lo,batch,cfg,lockstep", [
-    ("replay", None, 12, None, False), ("dual", "float8_e4m3", 12, None, False), ("replay", None, 24, None, False),
-    ("dual", "bfloat16", 24, None, False), ("dual", "bfloat16", 64, {"F_EARLY": True}, False),
-    ("dual", "bfloat16", 256, {"F_EARLY": True}, False), ("dual", "bfloat16", 256, {"F_EARLY": True}, True),
-    ("dual", "float8_e4m3", 256, {"F_EARLY": True}, False)],
-    ids=["f32", "dual-fp8", "f32-b24", "dual-bf16-b24", "dual-bf16-b64-early", "dual-bf16-b256-early",
-         "dual-bf16-b256-early-lockstep", "dual-fp8-b256-early"])
-def test_cuda_graph_replay_steps(mode, lo, batch, cfg, lockstep):
+@pytest.mark.parametrize("mode,lo,batch", [("replay", None, 12), ("dual", "float8_e4m3", 12), ("replay", None, 24),
+                                           ("dual", "bfloat16", 24)], ids=["f32", "dual-fp8", "f32-b24", "dual-bf16-b24"])
+def test_cuda_graph_replay_steps(mode, lo, batch):
     """Capture one replay step in a CUDA graph; replay 72 steps (K = 8: flushes at different
     steps per sequence) comparing with the reference step by step. Batch 12: the routes of small
     batches (fp32: the eager route; dual fp8 at 384 heads: the high copy's); 24: the buffered
-    SPLIT rows, state chunks through TMA. cfg: over the table's rows (F_EARLY: the dual flush
-    step folding beside the output launch's last programs, a third launch moving the cursors).
-    lockstep: every cursor starts at 0, so the whole batch flushes in the same steps."""
+    SPLIT rows, state chunks through TMA."""
     sh, K = QWEN["qwen3.5-4b"], 8
     g = gen(9)
-    rs, rr = make_pair(sh, batch + 4, K, K, mode, "float32", lo, torch.bfloat16, g, cursor_hi=0 if lockstep else None)
+    rs, rr = make_pair(sh, batch + 4, K, K, mode, "float32", lo, torch.bfloat16, g)
     idx = random_rows(batch + 4, batch, g)
     static = step_inputs(sh, batch, torch.bfloat16, g)
     out = torch.empty_like(static["v"])
-    GD.replay_step(rs, **static, state_indices=idx, out=out, config=cfg)     # compile + warm up outside the graph
+    GD.replay_step(rs, **static, state_indices=idx, out=out)      # compile + warm up outside the graph
     R.gdn_replay_step(rr, **static, state_indices=idx)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
-        GD.replay_step(rs, **static, state_indices=idx, out=out, config=cfg)
+        GD.replay_step(rs, **static, state_indices=idx, out=out)
     torch.cuda.current_stream().wait_stream(s)
     state_check(rs, rr, "after capture")   # capturing must not have run the step
     for step in range(72):
