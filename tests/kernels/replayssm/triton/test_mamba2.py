@@ -1234,11 +1234,10 @@ SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12, "replay dual fp8": 72
                  "replay dual bf16": 4, "super replay bf16": 16, "replay bf16": 16}
 
 
-def test_compiles_for_sm90():
-    """Every kernel compiles for sm_90 at real dims (Triton's LLVM + bundled ptxas, no GPU)
-    with the launch table's configs: no register spills (but those of SPILL_ALLOWED), and at
-    least 4 programs fit on an SM (65536 registers, 2048 threads), which the tuned configs were
-    measured with."""
+def _offline_json(script: str) -> dict:
+    """Run an offline sm_90 compile script (Triton's LLVM + bundled ptxas, no GPU) in a process
+    of its own, without TRITON_INTERPRET; its last stdout line, as JSON. Skips where Triton
+    has no bundled ptxas."""
     import json
     import os
     import subprocess
@@ -1249,9 +1248,17 @@ def test_compiles_for_sm90():
     if not os.path.exists(ptxas):
         pytest.skip("Triton's bundled ptxas is not available")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _OFFLINE], capture_output=True, text=True, env=env, timeout=600)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    report = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_compiles_for_sm90():
+    """Every kernel compiles for sm_90 at real dims (Triton's LLVM + bundled ptxas, no GPU)
+    with the launch table's configs: no register spills (but those of SPILL_ALLOWED), and at
+    least 4 programs fit on an SM (65536 registers, 2048 threads), which the tuned configs were
+    measured with."""
+    report = _offline_json(_OFFLINE)
     for name, r in report.items():
         allowed = SPILL_ALLOWED.get(name.split(":")[0], 0)
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed, f"{name} spills: {r}"
@@ -1290,17 +1297,5 @@ def test_flushing_programs_wait_for_the_prepass():
     in its flushing programs too (FOLD_WAIT), not only in the output route, so that a step whose
     sequences all flush still cannot finish before the pre-pass: the sm_90 PTX of the shipped Super
     dual bf16 b256 step holds more grid-dependency waits with the knob than without."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    import triton
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
-        pytest.skip("Triton's bundled ptxas is not available")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _OFFLINE_FOLD_WAIT], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    waits = json.loads(res.stdout.strip().splitlines()[-1])
+    waits = _offline_json(_OFFLINE_FOLD_WAIT)
     assert waits["False"] >= 1 and waits["True"] > waits["False"], waits
