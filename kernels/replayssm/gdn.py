@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
-from .backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
+from .common.backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
 from .state import ByteCounter, GDNReplayState
 
 

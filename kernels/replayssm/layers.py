@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from . import reference as R
-from .backends import BACKENDS, check_backend
+from .common.backends import BACKENDS, check_backend
 from .inputs import GDNShape, Mamba2Shape, mamba2_params, random_state
 from .state import GDNReplayState, Mamba2ReplayState, dtype_of
 

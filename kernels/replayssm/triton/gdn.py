@@ -43,11 +43,11 @@ import triton.language as tl
 
 from ..reference import L2_EPS
 from ..state import CURSOR_MASK, EPOCH_ROWS, FP8_MAX, LO_STALE, GDNReplayState
-from .common import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
+from ..common.jit import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows, \
     prefetch_hint, route_next_word, route_ticket, route_word
-from .launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
-from .mma import bf16_split3, exact_b_holds, mm, mma_acc, mma_precision, split_precision
-from .offline import compile_launch
+from ..common.launch import cache_lines, last_contig, pdl_meta, state_scratch, tma_rows
+from ..common.mma import bf16_split3, exact_b_holds, mm, mma_acc, mma_precision, split_precision
+from ..common.offline import compile_launch
 
 _TICKET = tl.constexpr(1 << 16)
 _CUR_MASK = tl.constexpr(CURSOR_MASK)

@@ -57,11 +57,11 @@ import triton
 import triton.language as tl
 
 from ..state import CURSOR_MASK, EPOCH_ROWS, LO_STALE
-from .common import cast, clear_lo_stale_kernel, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint, \
+from ..common.jit import cast, clear_lo_stale_kernel, gdc_release, gdc_wait_prior, list_commit_rows, prefetch_hint, \
     route_next_word, route_ticket, route_word, silu, softplus
-from .launch import Launch, cache_lines, last_contig, out_like, pdl_meta, state_scratch, tma_rows
-from .mma import bf16_split3, mma_acc, mma_precision
-from .offline import compile_launch
+from ..common.launch import Launch, cache_lines, last_contig, out_like, pdl_meta, state_scratch, tma_rows
+from ..common.mma import bf16_split3, mma_acc, mma_precision
+from ..common.offline import compile_launch
 
 _CUR_MASK = tl.constexpr(CURSOR_MASK)
 _LO_STALE = tl.constexpr(LO_STALE)

@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from ..reference import L2_EPS
-from .common import cast, silu, softplus
-from .launch import Launch, last_contig, out_like
-from .offline import compile_launch
+from ..common.jit import cast, silu, softplus
+from ..common.launch import Launch, last_contig, out_like
+from ..common.offline import compile_launch
 
 # Launch table: rows (max_batch, rows per program, num_warps); the first row with batch <=
 # max_batch wins (None: any). Rows per program is clamped to next_pow2(P or dv). A program's

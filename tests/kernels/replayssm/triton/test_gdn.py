@@ -467,7 +467,7 @@ def test_flush_step_stores_through_tma_only_where_chunks_fit(sh, lo, cfg, st):
 def test_tma_rows_falls_back_where_tma_cannot_read():
     # a table row's TMA (asked None) gives way to pointer loads where the state or the GPU cannot
     # take a descriptor; a config's TMA True names the key instead
-    from replayssm.triton.launch import tma_rows
+    from replayssm.common.launch import tma_rows
     t = torch.zeros(8, 6, dtype=torch.float32)      # rows of 24 bytes: not a multiple of 16
     assert tma_rows(t, 6, [(8, 8)], "TMA", None) is None
     with pytest.raises(ValueError, match="TMA=True"):

@@ -1,4 +1,4 @@
-"""What the three kernel modules share for compiling a launch offline (no GPU): the JIT's
+"""What the kernel families share for compiling a launch offline (no GPU): the JIT's
 argument specialisation, written out as a Triton signature, and the compile + resource report."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the Triton kernel tests share (test_mamba2.py, test_gdn.py): the device, tolerances and
+"""What the Triton kernel tests share (mamba2, gdn, common): the device, tolerances and
 the comparison against the reference. Tests run on CUDA when present, else under Triton's CPU
 interpreter (tests/conftest.py sets TRITON_INTERPRET)."""
 from __future__ import annotations

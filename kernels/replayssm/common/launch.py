@@ -20,9 +20,21 @@ class Launch:
     grid: tuple
     args: tuple
     meta: dict
+    row: str = ""       # the launch-table row (common.table.Row.name) that chose it
 
     def __call__(self) -> None:
         self.kernel[self.grid](*self.args, **self.meta)
+
+    @property
+    def name(self) -> str:
+        fn = getattr(self.kernel, "fn", self.kernel)
+        return getattr(fn, "__name__", type(fn).__name__)
+
+    def describe(self) -> dict:
+        """What runs: kernel name, grid, tile meta (the launch's constexprs and options) and
+        the table row that chose it."""
+        return {"kernel": self.name, "grid": tuple(int(g) for g in self.grid),
+                "meta": {k: v for k, v in self.meta.items()}, "row": self.row}
 
 
 def pdl_meta(device, on: bool = True) -> dict:
@@ -30,7 +42,7 @@ def pdl_meta(device, on: bool = True) -> dict:
     device has it (CUDA compute capability >= 9; the 'meta' device stands for the H200 of
     offline compiles): {"GDC": True, "launch_pdl": True}, else {"GDC": False}. A kernel
     launched so may start while the kernel ahead of it in the stream is finishing; its
-    programs wait for that kernel (common.gdc_wait_prior) before touching memory, so the
+    programs wait for that kernel (common.jit.gdc_wait_prior) before touching memory, so the
     launch's latency overlaps the kernel ahead of it instead of following it. Works inside a
     captured CUDA graph (a programmatic edge)."""
     return {"GDC": True, "launch_pdl": True} if on and _hopper_on(torch.device(device)) else {"GDC": False}
@@ -59,7 +71,7 @@ def out_like(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
 
 def cache_lines(t: torch.Tensor, row_elems: int) -> tuple[int, int]:
     """(128-byte lines per row as a power of 2, elements per line) of rows of `row_elems`
-    elements of t's dtype: the shape of a prefetch hint over those rows (common.prefetch_hint)."""
+    elements of t's dtype: the shape of a prefetch hint over those rows (common.jit.prefetch_hint)."""
     es = t.element_size()
     return triton.next_power_of_2(triton.cdiv(row_elems * es, 128)), max(1, 128 // es)
 

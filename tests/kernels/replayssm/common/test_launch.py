@@ -1,8 +1,8 @@
-"""The host-side launch helpers shared by the kernel modules (triton/launch.py)."""
+"""The host-side launch helpers shared by the kernel modules (replayssm.common.launch)."""
 import pytest
 import torch
 
-from replayssm.triton.launch import pdl_meta, state_scratch, tma_rows
+from replayssm.common.launch import pdl_meta, state_scratch, tma_rows
 
 
 def test_tma_rows_where_tma_can_read():

@@ -1,4 +1,4 @@
-"""@triton.jit helpers shared by the kernel modules (triton/mamba2.py, gdn.py, perdraft.py):
+"""@triton.jit helpers shared by the kernel modules (mamba2, gdn, perdraft):
 the dt softplus and SiLU of the reference, stores that round exactly like the GPU also under
 Triton's CPU interpreter, prefetch hints, the programmatic-dependent-launch waits and releases,
 a speculative commit's cursor move, and the deferred small-batch route's cursor word."""

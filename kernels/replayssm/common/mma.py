@@ -1,4 +1,4 @@
-"""tl.dot helpers shared by the verify and fold kernels (triton/mamba2.py, triton/gdn.py): matrix
+"""tl.dot helpers shared by the verify and fold kernels (mamba2, gdn): matrix
 products that are exact per product where the stored operands allow, and their host-side
 precision choice.
 

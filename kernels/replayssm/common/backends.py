@@ -1,4 +1,4 @@
-"""What the public ops (mamba2.py, gdn.py, perdraft.py, layers.py) share about backends: the
+"""What the public ops (mamba2, gdn, perdraft, layers) share about backends: the
 names a caller may pass, the check of that argument, and writing a reference result into a
 caller's `out` tensor."""
 from __future__ import annotations
