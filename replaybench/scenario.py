@@ -81,6 +81,7 @@ AXES: dict[str, list[Any]] = {
     "lo_dtype": ["bfloat16"],
     "spec_window": [4],
     "accept": [ACCEPT_DEFAULT],  # acceptance model of speculative methods (replaybench.accept)
+    "steps": [0],               # decode steps of a drift case (0: the runner's default)
 }
 SWEEP_KEYS = tuple(AXES) + ("seed", "invalid")
 TOP_KEYS = ("scenario", "timing", "sweep")
@@ -124,6 +125,7 @@ class Case:
     device: str = ""            # torch device ('cpu', 'cuda', 'cuda:1'); filled by the sweep
     seed: int = 0
     accept: str = "none"        # speculative methods: acceptance model ("fixed:2", "uniform", "geom:0.7")
+    steps: int = 0              # drift runner: decode steps (0: the runner's default)
 
     def params(self) -> dict:
         """All fields as a plain dict."""
@@ -132,14 +134,17 @@ class Case:
 
 def make_case_id(model: str, method: str, backend: str, batch: int, buffer_len: int,
                  flush_period: int, spec_window: int, state_dtype: str, lo_dtype: str,
-                 seed: int = 0, accept: str = "none") -> str:
+                 seed: int = 0, accept: str = "none", steps: int = 0) -> str:
     """Readable, stable id from every case parameter (device and runner excluded,
     so that runs on different devices can be matched by ``replaybench check``).
-    Speculative cases append their acceptance model ("/acc=fixed:2")."""
+    Speculative cases append their acceptance model ("/acc=fixed:2"), drift cases with a
+    step count their steps ("/N8192")."""
     cid = (f"{model}/{method}/{backend}/b{batch}/L{buffer_len}/K{flush_period}/"
            f"T{spec_window}/{state_dtype}/{lo_dtype}")
     if accept != "none":
         cid += f"/acc={accept}"
+    if steps:
+        cid += f"/N{steps}"
     if seed:
         cid += f"/s{seed}"
     return cid
@@ -332,6 +337,10 @@ def _validate_axis(file: str, i: int, axis: str, raw: Any) -> list:
                 raise ScenarioError(file, key, f"invalid value {v!r}; allowed: integers "
                                     f"0..{MAX_SPEC_WINDOW} (1..{MAX_SPEC_WINDOW} for spec methods)")
             out.append(v)
+        elif axis == "steps":
+            if not _is_int(v) or v < 0:
+                raise ScenarioError(file, key, f"invalid value {v!r}; allowed: integers >= 0")
+            out.append(v)
         elif axis == "accept":
             try:
                 out.append(parse_accept(v))
@@ -402,7 +411,7 @@ def _resolve(combo: dict) -> dict:
 def _combo_id(c: dict, seed: int) -> str:
     K = c["flush_period"]
     return make_case_id(c["model"], c["method"], c["backend"], c["batch"], c["buffer_len"],
-                        K, c["spec_window"], c["state_dtype"], c["lo_dtype"], seed, c["accept"])
+                        K, c["spec_window"], c["state_dtype"], c["lo_dtype"], seed, c["accept"], c["steps"])
 
 
 def _expand_block(file: str, i: int, block: dict, runner: str,
@@ -445,7 +454,7 @@ def _expand_block(file: str, i: int, block: dict, runner: str,
                           backend=c["backend"], batch=c["batch"], buffer_len=c["buffer_len"],
                           flush_period=c["flush_period"], spec_window=c["spec_window"],
                           state_dtype=c["state_dtype"], lo_dtype=c["lo_dtype"], seed=seed,
-                          accept=c["accept"])
+                          accept=c["accept"], steps=c["steps"])
 
 
 def _raw_desc(raw: dict, seed: int) -> str:
@@ -461,4 +470,5 @@ def _raw_desc(raw: dict, seed: int) -> str:
     lo = raw["lo_dtype"] if spec.lo else "none"
     state = lo if spec.shared_low and lo != "none" else raw["state_dtype"]
     acc = raw["accept"] if spec.spec else "none"
-    return make_case_id(raw["model"], raw["method"], backend, raw["batch"], L, K, T, state, lo, seed, acc)
+    return make_case_id(raw["model"], raw["method"], backend, raw["batch"], L, K, T, state, lo, seed, acc,
+                        raw["steps"])
