@@ -56,7 +56,9 @@ class Timing:
         return {"median_us": self.median_us, "iqr_us": self.iqr_us, "samples": self.samples,
                 "discarded": self.discarded, "mean_us": self.mean_us, "min_us": self.min_us,
                 "rel_iqr": self.rel_iqr, "sm_clock_mhz": self.sm_clock_mhz, "mem_clock_mhz": self.mem_clock_mhz,
-                "power_w": self.power_w, "throttle": self.throttle, "power_capped": self.power_capped}
+                "power_w": self.power_w, "throttle": self.throttle, "power_capped": self.power_capped,
+                # every kept sample (us per unit, in measured order): the gate's test needs them
+                "samples_us": [round(x, 4) for x in self.raw_us]}
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -213,3 +215,10 @@ def measure(fn: Callable[[], None], device: str, cfg, per: int = 1) -> Timing:
     if device.startswith("cuda"):
         return time_cuda_graph(fn, cfg, per)
     return time_cpu(fn, cfg, per)
+
+
+# The interleaved A/B timer (replaybench.ab) and the pytest fixture (replaybench.pytest_plugin)
+# take samples batch by batch themselves, under the same NVML rule and stopping rule.
+NvmlProbe = _Nvml
+SampleBatches = _Batches
+stop_rule = _stop
