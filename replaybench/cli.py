@@ -80,13 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--results-dir", default="results")
     r.add_argument("--reports-dir", default="reports")
 
-    c = sub.add_parser("check", help="regression gate: compare NEW against BASE")
-    c.add_argument("base")
-    c.add_argument("new")
-    c.add_argument("--threshold", type=float, default=0.05,
-                   help="relative slowdown tolerated (default 0.05 = 5%%)")
-    c.add_argument("--allow-device-mismatch", action="store_true")
-    c.add_argument("--results-dir", default="results")
+    c = sub.add_parser("check", help="regression gate: compare NEW against BASE (two runs, or two "
+                       "git revisions measured interleaved with --revs)")
+    from .check import add_arguments as add_check_arguments
+    add_check_arguments(c)
 
     m = sub.add_parser("models", help="print the model table")
     m.add_argument("names", nargs="*", help="models to show (scaled names like "
@@ -191,13 +188,8 @@ def cmd_report(args, argv) -> int:
 
 
 def cmd_check(args, argv) -> int:
-    from .check import run_check
-    if args.threshold < 0:
-        _err("--threshold must be >= 0")
-        return 2
-    return run_check(args.base, args.new, threshold=args.threshold,
-                     allow_device_mismatch=args.allow_device_mismatch,
-                     results_dir=args.results_dir).exit_code
+    from .check import cmd
+    return cmd(args)
 
 
 def cmd_models(args, argv) -> int:

@@ -1,0 +1,465 @@
+"""A/B of two kernel revisions on one machine: ``replaybench check --revs BASE_REV NEW_REV SCENARIO``.
+
+How a pull request is judged: each revision's kernels (``kernels/`` of a git revision, exported
+with ``git archive`` into a temporary directory; or a directory holding ``replayssm/``; or
+``WORKTREE``, this checkout) are imported by a worker process of their own (PYTHONPATH puts
+them first; the suite itself is this checkout's). Case by case, every worker builds the
+kernel runner's workload (runners.kernel.workload: the same layers, steps and state sizes as a
+sweep), warms it up and captures it in a CUDA graph; then the coordinator asks the workers for
+a few samples each in turn, rotating the order every round (AB, BA, AB, ... with two sides), on
+the same GPU, until every side meets the scenario's stopping rule (its max_time_s scaled by
+the number of sides). Every sample is bracketed by CUDA events; after each batch the NVML
+throttle reasons are read and throttled batches are handled as replaybench.timing handles
+them. The rows go to ``results/<prefix>-base`` and ``-new`` (samples included), so
+``replaybench check <prefix>-base <prefix>-new`` can re-judge them, and the gate's verdicts
+(replaybench.check) are printed and written as Markdown.
+
+Validation of the gate (``--inject F``): further sides run NEW_REV's kernels with an extra read
+of F x the case's modelled bytes per sample (an fp32 buffer summed inside the same CUDA graph,
+one launch per sample), i.e. a workload that honestly moves F more bytes; the summary tells how
+many of those the gate calls SLOWER. The measured time ratio is what it is: a read at the
+copy bandwidth adds F x (the case's achieved / copy bandwidth) of time.
+
+Only kernel-runner cases of our kernels are measured (eager / replay / replay-dual /
+replay-shared-low, backends triton and reference); other cases are reported as not measured.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import gc
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKTREE = "WORKTREE"
+AB_METHODS = ("eager", "replay", "replay-dual", "replay-shared-low")
+AB_BACKENDS = ("triton", "reference")
+BATCH_CUDA = 5                  # samples a side takes per round on a GPU
+BATCH_CPU = 2
+
+
+class ABError(RuntimeError):
+    """Bad input to the A/B command (unknown revision, unusable scenario)."""
+
+
+# ----------------------------------------------------------------------------- revisions
+
+def _git(*args: str, binary: bool = False):
+    r = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, timeout=120)
+    if r.returncode != 0:
+        raise ABError(f"git {' '.join(args)}: {r.stderr.decode(errors='replace').strip()}")
+    return r.stdout if binary else r.stdout.decode().strip()
+
+
+def export_kernels(rev: str, dest: Path) -> tuple[Path, dict]:
+    """(directory holding replayssm/, provenance) of a revision: WORKTREE, a directory, or a
+    git revision whose kernels/ is extracted under dest."""
+    if rev == WORKTREE:
+        from .store import git_info
+        return REPO_ROOT / "kernels", {"rev": rev, **git_info(REPO_ROOT)}
+    p = Path(rev)
+    if p.is_dir():
+        for cand in (p, p / "kernels"):
+            if (cand / "replayssm" / "__init__.py").is_file():
+                return cand.resolve(), {"rev": rev, "dir": str(cand.resolve())}
+        raise ABError(f"revision {rev!r} is a directory without replayssm/ (or kernels/replayssm/)")
+    try:
+        sha = _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except ABError:
+        raise ABError(f"unknown revision {rev!r}: not a git revision of {REPO_ROOT}, a directory, "
+                      f"or {WORKTREE}") from None
+    data = _git("archive", "--format=tar", sha, "kernels", binary=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        tf.extractall(dest, filter="data")
+    kdir = dest / "kernels"
+    if not (kdir / "replayssm" / "__init__.py").is_file():
+        raise ABError(f"revision {rev!r} ({sha[:10]}) has no kernels/replayssm/")
+    return kdir, {"rev": rev, "sha": sha, "dirty": False}
+
+
+# ----------------------------------------------------------------------------- worker side
+
+def _worker(device: str) -> int:
+    """The worker loop: JSON commands on stdin, one JSON reply a line on stdout."""
+    proto = sys.stdout
+    sys.stdout = sys.stderr              # anything else printed goes to stderr
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import replayssm
+    from . import timing
+    from .models import get_model
+    from .runners.kernel import workload
+    from .scenario import Case, TimingConfig
+    from .traffic import step_traffic
+
+    st: dict = {}
+
+    def reply(obj):
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    def setup(msg):
+        st.clear()
+        case = Case(**msg["case"])
+        cfg = TimingConfig(**msg["timing"])
+        model = get_model(case.model)
+        sample, steps, nl = workload(case, model, device)
+        per = steps * nl
+        step_bytes = float(step_traffic(case, model).total_bytes)
+        inject = float(msg.get("inject") or 0.0)
+        extra = None
+        if inject > 0:
+            n = max(1, math.ceil(inject * step_bytes * per / 4))
+            extra = torch.ones(n, dtype=torch.float32, device=device)
+            acc = torch.zeros((), dtype=torch.float32, device=device)
+
+            def fn():
+                sample()
+                torch.sum(extra, dim=0, out=acc)     # the extra read: every byte of `extra` once
+        else:
+            fn = sample
+        if device.startswith("cuda"):
+            timing.warm_up(fn, cfg.warmup)
+            graph = timing.capture(fn)
+            run = graph.replay
+            for _ in range(2):
+                run()
+            torch.cuda.synchronize()
+            st.update(graph=graph, nvml=timing.NvmlProbe(torch.cuda.current_device()))
+        else:
+            for _ in range(cfg.warmup):
+                fn()
+            run = fn
+        st.update(run=run, fn=fn, extra=extra)
+        inj_bytes = 0 if extra is None else extra.numel() * 4
+        return {"ok": True, "per": per, "bytes_model": step_bytes, "layers": nl, "steps": steps,
+                "inject_bytes_per_sample": inj_bytes,
+                "inject_fraction": inj_bytes / (step_bytes * per) if step_bytes else None}
+
+    def measure(msg):
+        n = int(msg["n"])
+        run = st["run"]
+        if device.startswith("cuda"):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+            ev[0].record()
+            for i in range(n):
+                run()
+                ev[i + 1].record()
+            torch.cuda.synchronize()
+            return {"ok": True, "samples": [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(n)],
+                    "state": st["nvml"].read()}
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            run()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return {"ok": True, "samples": out, "state": {}}
+
+    def release(msg):
+        st.clear()
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        return {"ok": True}
+
+    handlers = {"setup": setup, "measure": measure, "release": release}
+    reply({"ok": True, "replayssm": str(Path(replayssm.__file__).resolve()), "pid": os.getpid(),
+           "torch": torch.__version__})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        if msg.get("cmd") == "quit":
+            break
+        try:
+            reply(handlers[msg["cmd"]](msg))
+        except Exception as e:  # noqa: BLE001 - reported to the coordinator as this case's error
+            st.clear()
+            reply({"ok": False, "error": f"{type(e).__name__}: {e}"})
+    return 0
+
+
+# ----------------------------------------------------------------------------- coordinator side
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class Worker:
+    """One side's worker process (its revision's kernels first on PYTHONPATH)."""
+
+    def __init__(self, name: str, kernels: Path, device: str):
+        self.name, self.kernels, self.device = name, kernels, device
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        paths = [str(self.kernels), str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        self.proc = subprocess.Popen([sys.executable, "-m", "replaybench.ab", "--worker", self.device],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=str(REPO_ROOT))
+        hello = self._read()
+        got = Path(hello.get("replayssm", "")).resolve()
+        if self.kernels.resolve() not in got.parents:
+            self.close()
+            raise ABError(f"side {self.name}: imported replayssm from {got}, not from {self.kernels} "
+                          f"(something shadows PYTHONPATH)")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise WorkerDied(f"side {self.name}: worker exited (code {self.proc.poll()})")
+        return json.loads(line)
+
+    def call(self, **msg) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(f"side {self.name}: worker is gone") from None
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+
+@dataclasses.dataclass
+class Side:
+    name: str                   # 'base', 'new', 'new+inject0.03'
+    rev: str
+    kernels: Path
+    provenance: dict
+    inject: float = 0.0
+    worker: Worker | None = None
+
+
+def _stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def measure_case(case, sides: list[Side], cfg, device: str) -> dict:
+    """Interleaved measurement of one case on every side: {side name: (Timing | None, info, error)}."""
+    from .timing import SampleBatches, stop_rule
+    out: dict = {}
+    live = []
+    cdict = dataclasses.asdict(case)
+    for s in sides:
+        try:
+            r = s.worker.call(cmd="setup", case=cdict, timing=cfg.to_dict(), inject=s.inject)
+        except WorkerDied as e:
+            s.worker.start()
+            r = {"ok": False, "error": str(e)}
+        if r.get("ok"):
+            live.append(s)
+            out[s.name] = [None, r, None]
+        else:
+            out[s.name] = [None, {}, r.get("error")]
+    accs = {s.name: SampleBatches() for s in live}
+    scaled = dataclasses.replace(cfg, max_time_s=cfg.max_time_s * max(len(live), 1))
+    batch = BATCH_CUDA if device.startswith("cuda") else BATCH_CPU
+    started = time.perf_counter()
+    rnd = 0
+    while live:
+        k = rnd % len(live)
+        for s in live[k:] + live[:k]:
+            try:
+                r = s.worker.call(cmd="measure", n=batch)
+            except WorkerDied as e:
+                s.worker.start()
+                r = {"ok": False, "error": str(e)}
+            if not r.get("ok"):
+                out[s.name][2] = r.get("error")
+                continue
+            accs[s.name].add(r["samples"], r.get("state") or {})
+        live = [s for s in live if out[s.name][2] is None]
+        rnd += 1
+        if rnd >= 2 and all(stop_rule(accs[s.name].samples, scaled, started) for s in live):
+            break
+    for s in sides:
+        t, info, e = out[s.name]
+        if e is None and s.name in accs:
+            try:
+                out[s.name][0] = accs[s.name].summary(info["per"])
+            except RuntimeError as ex:          # every batch throttled
+                out[s.name][2] = str(ex)
+        try:
+            s.worker.call(cmd="release")
+        except WorkerDied:
+            s.worker.start()
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _row(case, side: Side, t, info: dict, err: str | None, run_id: str) -> dict:
+    row = {"run_id": run_id, **dataclasses.asdict(case), "runner": "ab", "rev": side.rev,
+           "inject": side.inject}
+    if err is not None or t is None:
+        row.update(status="error", error=err or "no timing")
+        return row
+    b = info.get("bytes_model")
+    row.update(t.columns())
+    row.update(status="ok", error=None, bytes_model=b, gbps=(b / t.median_us / 1e3) if b and t.median_us else None,
+               layers=info.get("layers"), steps_per_sample=info.get("steps"),
+               inject_fraction=info.get("inject_fraction"), inject_bytes_per_sample=info.get("inject_bytes_per_sample"))
+    return row
+
+
+def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "auto",
+           threshold: float | None = None, alpha: float | None = None, strict: bool | None = None,
+           markdown: str | None = None, results_dir: str = "results", inject=(), run_id: str | None = None,
+           out=None) -> int:
+    """The A/B command; its exit code (0 pass, 1 NEW_REV regresses, 2 bad input)."""
+    from . import stats as S
+    from .check import compare, format_markdown, format_text, gate
+    from .cli import locate
+    from .hardware import device_info
+    from .scenario import ScenarioError, load_scenario
+    from .store import RunStore, StoreError, now_iso
+    from .sweep import setup_device_env
+    out = out or sys.stdout
+
+    def bad(msg: str) -> int:
+        print(f"replaybench check --revs: {msg}", file=sys.stderr)
+        return 2
+
+    for f in inject:
+        if not 0 < f < 1:
+            return bad(f"--inject must be in (0, 1), got {f}")
+    try:
+        scen = load_scenario(locate(scenario_path))
+        cfg_check = S.check_config_from_text(scen.text)
+    except (ScenarioError, S.CheckTableError) as e:
+        return bad(str(e))
+    if scen.runner != "kernel":
+        return bad(f"scenario {scen.name!r} uses runner {scen.runner!r}; the A/B command measures kernel-runner "
+                   f"scenarios")
+    try:
+        dev = setup_device_env(device)
+    except RuntimeError as e:
+        return bad(str(e))
+    thr = threshold if threshold is not None else (cfg_check.threshold if cfg_check.threshold is not None
+                                                   else S.DEFAULT_THRESHOLD)
+    a = alpha if alpha is not None else (cfg_check.alpha if cfg_check.alpha is not None else S.DEFAULT_ALPHA)
+    st = bool(strict) if strict is not None else bool(cfg_check.strict)
+    info = device_info(dev)
+    prefix = run_id or f"ab-{scen.name}-{_stamp()}"
+    cases = [dataclasses.replace(c, device=dev) for c in scen.cases]
+    measured = [c for c in cases if c.method in AB_METHODS and c.backend in AB_BACKENDS]
+    skipped = [c for c in cases if c not in measured]
+    if not measured:
+        return bad(f"scenario {scen.name!r} has no case the A/B command measures (methods "
+                   f"{', '.join(AB_METHODS)}; backends {', '.join(AB_BACKENDS)})")
+
+    with tempfile.TemporaryDirectory(prefix="replaybench-ab-") as tmp:
+        try:
+            kb, pb = export_kernels(base_rev, Path(tmp) / "base")
+            kn, pn = export_kernels(new_rev, Path(tmp) / "new")
+        except ABError as e:
+            return bad(str(e))
+        sides = [Side("base", base_rev, kb, pb), Side("new", new_rev, kn, pn)]
+        sides += [Side(f"new+inject{f:g}", new_rev, kn, pn, inject=f) for f in inject]
+        stores = {}
+        try:
+            for s in sides:
+                s.worker = Worker(s.name, s.kernels, dev)
+            for s in sides:
+                man = {"run_id": f"{prefix}-{s.name}", "created": now_iso(), "git": s.provenance,
+                       "argv": sys.argv, "scenario": {"name": scen.name, "path": scen.path, "sha256": scen.sha256,
+                                                      "text": scen.text, "runner": scen.runner,
+                                                      "n_cases": len(measured)},
+                       "timing": scen.timing.to_dict(), "device": info,
+                       "ab": {"prefix": prefix, "side": s.name, "sides": [x.name for x in sides],
+                              "revs": {"base": base_rev, "new": new_rev}, "inject": s.inject,
+                              "interleave": "rotating rounds", "batch": BATCH_CUDA if dev.startswith("cuda")
+                              else BATCH_CPU}}
+                stores[s.name] = RunStore.create_or_resume(results_dir, f"{prefix}-{s.name}", man)
+            t0 = time.perf_counter()
+            for i, case in enumerate(measured):
+                res = measure_case(case, sides, scen.timing, dev)
+                for s in sides:
+                    t, inf, err = res[s.name]
+                    stores[s.name].append(_row(case, s, t, inf, err, f"{prefix}-{s.name}"))
+                med = {k: (f"{v[0].median_us:.3f}" if v[0] else "error") for k, v in res.items()}
+                print(f"[{i + 1}/{len(measured)}] {case.case_id}: "
+                      + "  ".join(f"{k} {m}" for k, m in med.items()), file=sys.stderr, flush=True)
+            wall = time.perf_counter() - t0
+        except (WorkerDied, ABError, StoreError) as e:
+            return bad(str(e))
+        finally:
+            for s in sides:
+                if s.worker:
+                    s.worker.close()
+            for stt in stores.values():
+                stt.unlock()
+        for stt in stores.values():
+            stt.materialise()
+
+    dfs = {k: v.dataframe() for k, v in stores.items()}
+    same_rev = _same(pb, pn)
+    header = (f"A/B on {info.get('name')} ({dev}): BASE {base_rev} {_short(pb)} vs NEW {new_rev} {_short(pn)}"
+              f"{' (the same kernels: an A/A run)' if same_rev else ''}; scenario {scen.name} ({len(measured)} "
+              f"case(s), {wall:.0f} s); threshold {thr:.1%}, alpha {a:g}{', strict' if st else ''}")
+    table = compare(dfs["base"], dfs["new"], thr, a, cfg_check, st)
+    res = gate(table, dfs["base"], dfs["new"])
+    format_text(res, header, out)
+    notes = [f"BASE `{base_rev}` {_short(pb)}, NEW `{new_rev}` {_short(pn)}"
+             + (" — the same kernels (A/A)" if same_rev else ""),
+             f"{info.get('name')}, scenario `{scen.name}`: {len(measured)} case(s) measured interleaved "
+             f"(rotating rounds) in {wall:.0f} s" + (f"; {len(skipped)} case(s) not measurable by A/B" if skipped else ""),
+             f"threshold {thr:.1%}, alpha {a:g}{', strict' if st else ''}; rows: `{results_dir}/{prefix}-base`, "
+             f"`{results_dir}/{prefix}-new`"]
+    md = [format_markdown(res, "replaybench A/B", notes)]
+    for s in sides[2:]:
+        t2 = compare(dfs["base"], dfs[s.name], thr, a, cfg_check, st)
+        r2 = gate(t2, dfs["base"], dfs[s.name])
+        ok = t2[t2["verdict"] == S.SLOWER]
+        fr = dfs[s.name]["inject_fraction"].dropna().astype(float) if "inject_fraction" in dfs[s.name] else []
+        line = (f"validation: NEW + extra read of {s.inject:.0%} of the modelled bytes "
+                f"(actual {min(fr):.4f}-{max(fr):.4f}): SLOWER in {len(ok)}/{len(t2)} case(s); "
+                f"median time ratio {t2['ratio'].median():.4f} (min {t2['ratio'].min():.4f}); "
+                f"verdicts {r2.counts}" if len(t2) else f"validation {s.name}: nothing compared")
+        print(line, file=out)
+        md.append(format_markdown(r2, f"validation: {s.name} vs base", [line]))
+    if same_rev:
+        print(f"A/A: {res.counts.get(S.SLOWER, 0) + res.counts.get(S.FASTER, 0)} of {res.compared} case(s) "
+              f"called SLOWER/FASTER (false alarms), {res.counts.get(S.AMBIGUOUS, 0)} AMBIGUOUS", file=out)
+    if markdown:
+        Path(markdown).write_text("\n\n".join(md), encoding="utf-8")
+    return res.exit_code
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a.get("sha") and a.get("sha") == b.get("sha") and not a.get("dirty") and not b.get("dirty"):
+        return True
+    return a.get("rev") == b.get("rev") == WORKTREE or (a.get("dir") is not None and a.get("dir") == b.get("dir"))
+
+
+def _short(p: dict) -> str:
+    if p.get("sha"):
+        return f"({str(p['sha'])[:10]}{'+dirty' if p.get('dirty') else ''})"
+    return f"({p.get('dir') or p.get('rev')})"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "--worker":
+        sys.exit(_worker(sys.argv[2] if len(sys.argv) > 2 else "cpu"))
+    print("usage: replaybench check --revs BASE_REV NEW_REV SCENARIO", file=sys.stderr)
+    sys.exit(2)
