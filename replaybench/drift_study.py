@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+# the study's methods (METHODS) are those the decode layers build: the stack level needs them
+from replayssm.layers import METHODS, method_mode
 
 # ----------------------------------------------------------------------------- configurations
 LO_DTYPES = ("bfloat16", "float16", "float8_e4m3")
@@ -56,7 +58,6 @@ CONFIGS: tuple[tuple[str, str, str], ...] = (
     *(("replay-shared-low", lo, lo) for lo in LO_DTYPES),
     *(("replay-dual", "float32", lo) for lo in LO_DTYPES),
 )
-METHODS = ("eager", "replay", "replay-shared-low", "replay-dual")
 SHORT = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3": "fp8"}
 
 WINDOW = 16            # output errors pool the steps (t - WINDOW, t]: every phase of a K = 16 period
@@ -84,17 +85,18 @@ def config_label(method: str, state_dtype: str, lo_dtype: str) -> str:
 
 
 def measure_points(n: int, window: int = WINDOW) -> list[int]:
-    """Log-spaced measurement steps (1 and 1.5 times powers of two, times `window`) up to n,
-    each a multiple of `window`; n itself when it is one."""
+    """Log-spaced measurement steps (1 and 1.5 times powers of two, times `window`) from
+    2 x `window` (the first window whose checkpoint is not the zero start) up to n, each a
+    multiple of `window`; n itself when it is one."""
     pts = set()
-    k = 0
+    k = 1
     while window * 2 ** k <= n:
         for m in (1.0, 1.5):
             t = int(window * m * 2 ** k)
             if t <= n and t % window == 0:
                 pts.add(t)
         k += 1
-    if n >= window and n % window == 0:
+    if n >= 2 * window and n % window == 0:
         pts.add(n)
     return sorted(pts)
 
@@ -214,15 +216,14 @@ class OpDecoder:
         else:
             self.args = {}
         lo = None if lo_dtype in (None, "none") else lo_dtype
-        # the buffer's activation dtype: the inputs are bf16 values, so bf16 (the Triton kernels'
-        # served path; they cast on append) and float32 (the reference, which wants x's dtype) hold
-        # them exactly
-        act = torch.float64 if exact else (torch.bfloat16 if backend == "triton" else torch.float32)
+        # the buffer holds float32 activations: the inputs are bf16 values, so it keeps them
+        # exactly, and the ops want the inputs' dtype there (outputs come back unrounded)
+        act = torch.float64 if exact else torch.float32
         if method == "eager":
             self.state_t = torch.zeros(batch, heads, rows, cols, dtype=dtype_of(state_dtype), device=self.device)
             self.rs = None
         else:
-            mode = {"replay": "replay", "replay-dual": "dual", "replay-shared-low": "shared-low"}[method]
+            mode = method_mode(method)
             if op == "mamba2":
                 self.rs = Mamba2ReplayState.allocate(batch, dims.nheads, dims.head_dim, dims.d_state,
                                                      dims.n_groups, buffer_len, flush_period, mode, state_dtype,

@@ -68,13 +68,13 @@ def run(case, ctx) -> dict:
         raise SkipCase(f"backend {case.backend!r}: allowed reference, triton")
     if case.state_dtype == "float64":
         raise SkipCase("float64 state is the reference every row is compared with")
-    if case.method in ("eager", "replay") and case.state_dtype not in ("float32", "bfloat16", "float16"):
+    if D.method_mode(case.method) in (None, "replay") and case.state_dtype not in ("float32", "bfloat16", "float16"):
         raise SkipCase(f"{case.method} with state_dtype {case.state_dtype!r}; allowed: float32, bfloat16, float16")
     device = ctx.device
     n = case.steps or default_steps(device)
     window = D.WINDOW
-    if n < window:
-        raise ValueError(f"steps {n} < the measurement window {window}; allowed: steps >= {window}")
+    if n < 2 * window:
+        raise ValueError(f"steps {n} < twice the measurement window {window}; allowed: steps >= {2 * window}")
     L = case.buffer_len or 16
     K = case.flush_period or 16
     route = _route_period(case, model)
