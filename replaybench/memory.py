@@ -20,14 +20,17 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from .methods import METHODS as REGISTRY, names
 from .models import STUDY_MODELS, HybridModel, get_model
 from .traffic import layer_bytes_for
 
 GB = 1e9
 MiB = float(1 << 20)
-METHODS = ("eager", "spec-perdraft", "spec-replay", "spec-replay-dual")
-LABELS = {"eager": "eager (no speculation)", "spec-perdraft": "per-draft slots (vLLM)",
-          "spec-replay": "ReplaySSM", "spec-replay-dual": "ReplaySSM dual"}
+# the table's default methods: those with a memory label (replaybench.methods), the baselines'
+# layouts first (no speculation, per-draft slots), then ReplaySSM's
+METHODS = tuple(m.name for m in sorted((m for m in REGISTRY.values() if m.memory_label),
+                                       key=lambda m: (m.spec, m.traffic != "spec-perdraft", m.lo)))
+LABELS = {m: REGISTRY[m].memory_label for m in METHODS}
 EXCLUDED = ("SSM state only: model weights, KV cache of the attention layers, conv state, activations "
             "and per-request cursors / slot tables are excluded. GB = 1e9 bytes, MiB = 2^20 bytes.")
 
@@ -56,18 +59,20 @@ def layer_memory(model: HybridModel, method: str, spec_window: int = 4, buffer_l
     """(state bytes, buffer bytes, layout) of one SSM layer for one request."""
     T, L = int(spec_window), int(buffer_len)
     op, dims = model.op, model.ssm
-    if method == "eager":
-        return layer_bytes_for(op, dims, "eager", state_dtype, "none", act_bytes).state_hi, 0.0, f"1 state ({state_dtype})"
-    if method in ("spec-perdraft", "vllm-spec"):
-        s = layer_bytes_for(op, dims, "eager", state_dtype, "none", act_bytes).state_hi
+    m = REGISTRY.get(method)
+    if m is None or m.precision == "shared-low":
+        allowed = names(precision=("single", "dual"))
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(allowed)}")
+    if m.traffic == "eager":
+        return layer_bytes_for(op, dims, method, state_dtype, "none", act_bytes).state_hi, 0.0, f"1 state ({state_dtype})"
+    if m.traffic == "spec-perdraft":
+        s = layer_bytes_for(op, dims, method, state_dtype, "none", act_bytes).state_hi
         return (1 + T) * s, 0.0, f"1 + T = {1 + T} states ({state_dtype})"
-    if method in ("spec-replay", "replay"):
-        lb = layer_bytes_for(op, dims, "replay", state_dtype, "none", act_bytes)
+    if m.precision == "single":
+        lb = layer_bytes_for(op, dims, method, state_dtype, "none", act_bytes)
         return lb.state_hi, L * lb.row, f"checkpoint ({state_dtype}) + {L}-entry buffer"
-    if method in ("spec-replay-dual", "replay-dual"):
-        lb = layer_bytes_for(op, dims, "replay-dual", "float32", lo_dtype, act_bytes)
-        return lb.state_hi + lb.state_lo, L * lb.row, f"float32 + {lo_dtype} checkpoints + {L}-entry buffer"
-    raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    lb = layer_bytes_for(op, dims, method, "float32", lo_dtype, act_bytes)
+    return lb.state_hi + lb.state_lo, L * lb.row, f"float32 + {lo_dtype} checkpoints + {L}-entry buffer"
 
 
 def bytes_per_request(model: HybridModel | str, method: str, **kw) -> float:
@@ -151,7 +156,7 @@ def fig_memory(rows: list[MemoryRow], out_dir: Path, budget_gb: float = 80.0, st
 
     models = list(dict.fromkeys(r.model for r in rows))
     methods = list(dict.fromkeys(r.method for r in rows))
-    colors = {"eager": "#7f7f7f", "spec-perdraft": "#d62728", "spec-replay": "#1f77b4", "spec-replay-dual": "#2ca02c"}
+    colors = {m: REGISTRY[m].color for m in methods if m in REGISTRY}
     fig, ax = plt.subplots(figsize=(1.6 + 1.9 * len(models), 4.2))
     width = 0.8 / max(len(methods), 1)
     top = max(r.bytes_per_request for r in rows) / MiB

@@ -85,20 +85,22 @@ def _child(case_json: str) -> None:
     """Run inside ncu: warm up, then profile one flush period of steps of one layer."""
     import torch
 
+    from .methods import METHODS
     from .models import get_model
-    from .runners.kernel import Layer, _inputs
+    from .runners.common import step_inputs
+    from .runners.kernel import make_layer
     from .scenario import Case
 
     case = Case(**json.loads(case_json))
     model = get_model(case.model)
     device = case.device or "cuda"
-    from .runners import spec
-    if case.method in spec.METHODS:     # verify + commit rounds: runners/spec.py
+    if METHODS[case.method].runner == "spec":     # verify + commit rounds: runners/spec.py
+        from .runners import spec
         return spec.profile_rounds(case, device, _steps(case))
     gen = torch.Generator().manual_seed(case.seed)
-    layer = Layer(model.op, model.ssm, case.method, case.backend, case.batch, case.buffer_len, case.flush_period,
+    layer = make_layer(model.op, model.ssm, case.method, case.backend, case.batch, case.buffer_len, case.flush_period,
                   case.state_dtype, case.lo_dtype, device, gen)
-    inp, params = _inputs(model.op, model.ssm, case.batch, device, gen)
+    inp, params = step_inputs(model.op, model.ssm, case.batch, device, gen)
     idx = torch.arange(case.batch, dtype=torch.int32, device=device)
     for _ in range(2 * _steps(case)):          # compile + warm up, unprofiled
         layer.step(inp, params, idx)

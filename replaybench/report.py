@@ -37,17 +37,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
-from .scenario import METHODS, REPLAY_FAMILY  # noqa: E402
+from . import methods  # noqa: E402
 from .store import RunStore  # noqa: E402
 
-METHOD_ORDER = list(METHODS)
-# one fixed colour per method, in the order methods were added (a new method takes a new colour,
-# so the figures of earlier runs keep theirs when they are regenerated)
-_COLOR_ORDER = ["eager", "replay", "replay-dual", "replay-shared-low", "spec-replay", "spec-perdraft",
-                "vllm-eager", "vllm-spec", "spec-replay-dual"]
-_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#7f7f7f", "#17becf", "#bcbd22"]
-METHOD_COLORS = {m: _PALETTE[i % len(_PALETTE)] for i, m in
-                 enumerate(_COLOR_ORDER + [m for m in METHOD_ORDER if m not in _COLOR_ORDER])}
+METHOD_ORDER = list(methods.METHODS)
+REPLAY_FAMILY = methods.names(vs_eager=True)     # compared against eager in speedup figures
+METHOD_COLORS = methods.colors()                 # one fixed colour per method (replaybench.methods)
 BACKEND_STYLES = {"triton": ("-", "o"), "reference": ("--", "s"), "vllm": (":", "^")}
 FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg", "spec_speedup.*",
                 "memory.*", "roofline.*", "traffic_measured.*", "spread.*", "model_size.*",
@@ -78,7 +73,7 @@ def _slug(s: str) -> str:
 
 
 def _method_key(m: str) -> int:
-    return METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER)
+    return methods.order(m)
 
 
 def is_cpu_run(manifest: dict, df=None) -> bool:
@@ -108,10 +103,17 @@ def _pick(rows, col: str, prefer=None, how: str = "first"):
     return rows[rows[col] == v]
 
 
+def _has_low_copy(method: str) -> bool:
+    """A method whose state dtype is its own (a low copy): its rows are not picked by the model's
+    reference state dtype."""
+    m = methods.METHODS.get(method)
+    return bool(m and m.lo)
+
+
 def representative(rows, ref_state: str | None):
     """One configuration (state dtype, lo dtype, L, K, T) of one model x method."""
     r = rows
-    if len(r) and r["method"].iloc[0] not in ("replay-dual", "replay-shared-low"):
+    if len(r) and not _has_low_copy(r["method"].iloc[0]):
         r = _pick(r, "state_dtype", prefer=ref_state)
     r = _pick(r, "lo_dtype", prefer="bfloat16")
     r = _pick(r, "buffer_len", how="max")
@@ -316,7 +318,7 @@ def fig_bytes_per_step(df, manifest: dict, out_dir: Path) -> tuple[Path, Path]:
         labels, values, cols = [], [], []
         for method in sorted(mrows["method"].unique(), key=_method_key):
             r = mrows[mrows["method"] == method]
-            if method not in ("replay-dual", "replay-shared-low"):
+            if not _has_low_copy(method):
                 r = _pick(r, "state_dtype", prefer=ref)
             keys = ["buffer_len", "flush_period", "spec_window", "lo_dtype", "state_dtype"]
             groups = sorted(r.groupby(keys, dropna=False),
@@ -393,7 +395,7 @@ def eager_baseline(eager_idx: dict, model: str, batch: int, state_dtype: str, ba
     key = (model, int(batch), state_dtype, backend)
     if key in eager_idx:
         return eager_idx[key], state_dtype
-    if method == "replay-shared-low":
+    if method in methods.METHODS and methods.METHODS[method].shared_low:
         key = (model, int(batch), "float32", backend)
         if key in eager_idx:
             return eager_idx[key], "float32"

@@ -28,6 +28,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from .methods import names
 from .models import STUDY_MODELS, get_model
 from .report import (METHOD_COLORS, _config_label, _device_suffix, _pick, _ref_state, _save, ok_rows, plt,
                      representative)
@@ -36,8 +37,7 @@ from .report_roofline import PEER_KEYS, baseline_medians
 PUBLISHED_FILE = "published.toml"
 PAPER_SCENARIOS = ("paper",)
 # methods drawn per baseline (the published point's method among them); the order is the bar order
-FIG_METHODS = {"vllm-eager": ("eager", "replay", "replay-dual"),
-               "vllm-spec": ("spec-replay", "spec-perdraft")}
+FIG_METHODS = {b: names(paper_baseline=b) for b in names(peer="vllm")}
 BAND_LABEL = "published (authors, other GPU)"
 PAPER_COLS = ["point", "family", "model", "batch", "method", "baseline", "baseline_us", "method_us",
               "ratio", "method_pct_copy", "ratio_at_copy", "published", "published GPU", "vs published", "throttled"]

@@ -19,8 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from .methods import EAGER, PEER_EAGER as PEER  # noqa: E402
+
 TRAFFIC_TOLERANCE = 0.10
-PEER = "vllm-eager"
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -128,12 +129,12 @@ def peer_table(df: pd.DataFrame) -> pd.DataFrame:
     ok = _ok(df)
     if not len(ok):
         return ok
-    base = {name: baseline_medians(ok, name) for name in ("eager", PEER)}
+    base = {name: baseline_medians(ok, name) for name in (EAGER, PEER)}
     rows = []
     for r in ok.itertuples():
         k = (r.model, r.batch, r.state_dtype)
         peer = base[PEER].get(k)
-        ours = base["eager"].get(k)
+        ours = base[EAGER].get(k)
         rows.append({"model": r.model, "method": r.method, "backend": r.backend, "batch": r.batch,
                      "buffer_len": r.buffer_len, "flush_period": r.flush_period, "state_dtype": r.state_dtype,
                      "lo_dtype": r.lo_dtype, "median_us": r.median_us,

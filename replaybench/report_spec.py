@@ -20,9 +20,9 @@ import pandas as pd  # noqa: E402
 
 from . import memory  # noqa: E402
 from .accept import mean_accepted  # noqa: E402
+from .methods import METHODS, SPEC_BASELINE as BASELINE, names  # noqa: E402
 
-SPEC_METHODS = ("spec-replay", "spec-replay-dual", "spec-perdraft", "vllm-spec")
-BASELINE = "spec-perdraft"
+SPEC_METHODS = names(spec=True)
 GOAL = 3.0            # issue 4: spec-replay / spec-perdraft >= 3x at T = 4
 SPEC_COLS = ["model", "method", "backend", "batch", "spec_window", "accept", "state_dtype", "median_us",
              "verified_tokens_per_s", "committed_tokens_per_s", "vs_perdraft"]
@@ -112,7 +112,7 @@ def spec_speedup_figure(st: pd.DataFrame, title_suffix: str = ""):
         for (method, backend, T, acc), g in s.groupby(["method", "backend", "spec_window", "accept"], dropna=False):
             g = g.sort_values("batch")
             c = cmap(windows.index(T) / max(len(windows) - 1, 1) * 0.85)
-            style = {"spec-replay": ("o", "-"), "spec-replay-dual": ("s", "--")}.get(method, ("^", ":"))
+            style = _line_style(method)
             ax.plot(g["batch"], g["vs_perdraft"], marker=style[0], linestyle=style[1], color=c,
                     label=f"{method}/{backend} T={T} ({acc})")
         ax.axhline(1.0, color="black", linewidth=0.8)
@@ -134,6 +134,14 @@ def spec_speedup_figure(st: pd.DataFrame, title_suffix: str = ""):
     fig.legend(list(handles.values()), list(handles.keys()), loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(3, len(handles)), fontsize=8, frameon=False)
     return fig
+
+
+def _line_style(method: str) -> tuple[str, str]:
+    """(marker, line style): ReplaySSM solid circles, its dual variant dashed squares, others dotted."""
+    m = METHODS.get(method)
+    if m is None or m.traffic != "spec-replay":
+        return "^", ":"
+    return ("s", "--") if m.lo else ("o", "-")
 
 
 def memory_params(df) -> dict:

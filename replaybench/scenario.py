@@ -5,9 +5,10 @@ Format (see scenarios/smoke.toml)::
     [scenario]            name, description, runner
     [timing]              warmup, min_samples, max_samples, max_time_s, rel_iqr  (optional)
     [[sweep]]             cartesian blocks; their union, de-duplicated, is the case list
+    [check]               threshold, alpha, strict, [check.cases] (optional: `replaybench check`)
 
 Axes that do not apply to a method collapse instead of multiplying (see
-:data:`METHODS`).  Every problem raises :class:`ScenarioError` naming the file,
+replaybench.methods).  Every problem raises :class:`ScenarioError` naming the file,
 the key and the allowed values.  This module imports neither torch nor triton.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .accept import ALLOWED as ACCEPT_ALLOWED, DEFAULT as ACCEPT_DEFAULT, parse_accept, resolve_accept
+from .methods import METHODS, names
 from .models import get_model, MODELS
 
 
@@ -37,31 +39,9 @@ class ScenarioError(ValueError):
 
 # ----------------------------------------------------------------------------- methods
 
-@dataclass(frozen=True)
-class MethodSpec:
-    name: str
-    buffer: bool = False        # has a checkpoint + input buffer (buffer_len, flush_period)
-    lo: bool = False            # takes a low-precision dtype (lo_dtype)
-    spec: bool = False          # speculative: spec_window in 1..8
-    vllm: bool = False          # vLLM's own kernels; forces backend 'vllm'
-    shared_low: bool = False    # single low-precision checkpoint: state_dtype := lo_dtype
-    needs_fp32_state: bool = False  # the high copy of a dual-precision method
-
-
-METHODS: dict[str, MethodSpec] = {m.name: m for m in [
-    MethodSpec("eager"),
-    MethodSpec("replay", buffer=True),
-    MethodSpec("replay-dual", buffer=True, lo=True, needs_fp32_state=True),
-    MethodSpec("replay-shared-low", buffer=True, lo=True, shared_low=True),
-    MethodSpec("spec-replay", buffer=True, spec=True),
-    MethodSpec("spec-replay-dual", buffer=True, spec=True, lo=True, needs_fp32_state=True),
-    MethodSpec("spec-perdraft", spec=True),           # 1 + T state slots per request, no buffer
-    MethodSpec("vllm-eager", vllm=True),
-    MethodSpec("vllm-spec", vllm=True, spec=True),
-]}
-
+# the methods and what each one is: replaybench.methods (METHODS re-exported from there)
 #: methods whose rows are compared against eager in speedup figures
-REPLAY_FAMILY = ("replay", "replay-dual", "replay-shared-low", "spec-replay", "spec-replay-dual", "spec-perdraft")
+REPLAY_FAMILY = names(vs_eager=True)
 
 BACKENDS = ("reference", "triton", "vllm")
 STATE_DTYPES = ("float32", "bfloat16", "float16", "float64")   # float64: reference only
@@ -84,7 +64,7 @@ AXES: dict[str, list[Any]] = {
     "steps": [0],               # decode steps of a drift case (0: the runner's default)
 }
 SWEEP_KEYS = tuple(AXES) + ("seed", "invalid")
-TOP_KEYS = ("scenario", "timing", "sweep")
+TOP_KEYS = ("scenario", "timing", "sweep", "check")
 SCENARIO_KEYS = ("name", "description", "runner")
 
 
@@ -237,6 +217,11 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
                             f"unknown value {runner!r}; allowed: {', '.join(RUNNERS)}, "
                             f"or 'package.module:Attr'")
     timing = _parse_timing(file, doc.get("timing", {}))
+    from .stats import CheckTableError, parse_check_table   # [check]: the regression gate's thresholds
+    try:
+        parse_check_table(doc.get("check"))
+    except CheckTableError as e:
+        raise ScenarioError(file, e.key, e.message) from None
 
     sweeps = doc.get("sweep")
     if not isinstance(sweeps, list) or not sweeps or not all(isinstance(b, dict) for b in sweeps):
@@ -432,9 +417,9 @@ def _expand_block(file: str, i: int, block: dict, runner: str,
     if invalid not in ("error", "skip"):
         raise ScenarioError(file, f"sweep[{i}].invalid", f"unknown value {invalid!r}; allowed: error, skip")
 
-    names = list(axes)
-    for values in itertools.product(*(axes[n] for n in names)):
-        raw = dict(zip(names, values))
+    keys = list(axes)
+    for values in itertools.product(*(axes[n] for n in keys)):
+        raw = dict(zip(keys, values))
         try:
             c = _resolve(raw)
         except _Invalid as e:

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .methods import METHODS, names
+
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1, "none": 0}
-REPLAY_METHODS = ("replay", "replay-dual", "replay-shared-low")
-SPEC_REPLAY_METHODS = ("spec-replay", "spec-replay-dual")
-SPEC_METHODS = SPEC_REPLAY_METHODS + ("spec-perdraft", "vllm-spec")
-EAGER_METHODS = ("eager", "vllm-eager")
+# the methods of each traffic model (replaybench.methods: Method.traffic)
+REPLAY_METHODS = names(traffic="replay")
+SPEC_REPLAY_METHODS = names(traffic="spec-replay")
+SPEC_METHODS = names(spec=True)
+EAGER_METHODS = names(traffic="eager")
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,10 @@ def _state_bytes(elems: int, rows: int, dtype: str) -> float:
 
 def precision_copies(method: str, state_dtype: str, lo_dtype: str) -> tuple[str, str | None]:
     """(high/only copy dtype, low copy dtype or None) for a method."""
-    if method in ("replay-dual", "spec-replay-dual"):
+    precision = METHODS[method].precision
+    if precision == "dual":
         return state_dtype, lo_dtype
-    if method == "replay-shared-low":
+    if precision == "shared-low":
         return lo_dtype, None
     return state_dtype, None
 
@@ -110,7 +114,7 @@ def gdn_layer_bytes(num_k_heads, num_v_heads, head_k_dim, head_v_dim, method="ea
     elems, rows = Hv * dv * dk, Hv * dv
     hi, lo = precision_copies(method, state_dtype, lo_dtype)
     row = Hv * dv * 4 + Hk * dk * act_bytes + Hv * 4
-    if method in ("replay-dual", "spec-replay-dual"):
+    if METHODS[method].precision == "dual":
         row += Hv * dv * act_bytes + Hv * 4
     return LayerBytes(state_hi=_state_bytes(elems, rows, hi), state_lo=_state_bytes(elems, rows, lo) if lo else 0,
                       row=row, io_in=2 * Hk * dk * act_bytes + Hv * dv * act_bytes + 2 * Hv * 4,
@@ -232,8 +236,9 @@ def route_period(case, model) -> int:
     runner records it with each replay row (`route_period`)."""
     if getattr(case, "backend", "") != "triton":
         return 0
-    read = DTYPE_BYTES[case.state_dtype if case.method == "replay" else case.lo_dtype]  # dual: the low copy
-    dual = case.method == "replay-dual"
+    precision = METHODS[case.method].precision
+    read = DTYPE_BYTES[case.state_dtype if precision == "single" else case.lo_dtype]  # dual: the low copy
+    dual = precision == "dual"
     if model.op == "gdn":
         from replayssm.triton.gdn import route_period   # the kernel library's table (needs triton)
         return route_period(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read,
@@ -247,20 +252,21 @@ def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:
     """Traffic of one step of one layer for a sweep case (replaybench.scenario.Case); speculative
     methods: one round, with `accepted` (pmf over 0..T or mean) or else the case's acceptance model."""
     # vLLM's Mamba-2 layer applies the z gate in its gated RMSNorm, not in the SSM kernel
-    gate = not case.method.startswith("vllm-")
+    m = METHODS.get(case.method)
+    if m is None:
+        raise ValueError(f"no traffic model for method {case.method!r}")
+    gate = not m.vllm
     lb = layer_bytes_for(model.op, model.ssm, case.method, case.state_dtype, case.lo_dtype, act_bytes, gate)
-    if case.method in EAGER_METHODS:
+    if m.traffic == "eager":
         return eager_traffic(lb, case.batch)
-    if case.method in REPLAY_METHODS:
+    if m.traffic == "replay":
         return replay_traffic(lb, case.batch, case.flush_period, route_period(case, model))
-    if case.method in SPEC_METHODS:
-        if accepted is None:   # the case's acceptance model (replaybench.accept)
-            from .accept import DEFAULT, accept_pmf
-            acc = getattr(case, "accept", "none")
-            accepted = accept_pmf(DEFAULT if acc in (None, "", "none") else acc, case.spec_window)
-        return spec_traffic(lb, case.batch, case.flush_period, case.spec_window, accepted,
-                            perdraft=case.method not in SPEC_REPLAY_METHODS)
-    raise ValueError(f"no traffic model for method {case.method!r}")
+    if accepted is None:   # the case's acceptance model (replaybench.accept)
+        from .accept import DEFAULT, accept_pmf
+        acc = getattr(case, "accept", "none")
+        accepted = accept_pmf(DEFAULT if acc in (None, "", "none") else acc, case.spec_window)
+    return spec_traffic(lb, case.batch, case.flush_period, case.spec_window, accepted,
+                        perdraft=m.traffic == "spec-perdraft")
 
 
 def speedup_ceiling(eager: Traffic, other: Traffic) -> float:

@@ -20,7 +20,6 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from ..scenario import Case, TimingConfig
 
 BUILTIN_RUNNERS = {
     "kernel": "replaybench.runners.kernel",
@@ -30,10 +29,13 @@ BUILTIN_RUNNERS = {
 }
 
 
+# Case and TimingConfig are replaybench.scenario's; named in annotations only, so that the
+# scenario module (which resolves registered runner names) and this one do not import each other.
+
 @dataclass
 class RunContext:
     device: str                              # torch device string: 'cpu', 'cuda', 'cuda:0'
-    timing: TimingConfig
+    timing: "TimingConfig"
     ceilings: dict = field(default_factory=dict)   # copy_gbps, read_gbps, matmul_tflops
     device_name: str = ""                    # GPU name or CPU model (informational)
 

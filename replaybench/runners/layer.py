@@ -5,7 +5,7 @@ time (ssm_share) and modelled bytes (ssm_bytes_share, state_bytes_share) is the 
 
 Structure follows the kernel runner (replaybench.runners.kernel): a sample is `steps` = K
 decode steps over `layers` independent layers (each with its own weights, conv state and
-SSM state), enough that weights + state together are >= kernel.STATE_TARGET_BYTES on a GPU
+SSM state), enough that weights + state together are >= common.STATE_TARGET_BYTES on a GPU
 so they stream from HBM, not L2; cursors are staggered across the batch (sequence i starts
 at cursor i mod K) so a sample averages over every flush phase. median_us is per step per
 layer for the whole batch. The SSM-only timing replays the SSM op of every layer on inputs
@@ -24,13 +24,14 @@ import torch
 
 from replayssm.layers import decode_layer
 
+from ..methods import names
 from ..models import get_model
 from ..timing import measure
 from ..traffic import step_traffic
 from . import SkipCase
-from .kernel import CHECK_TOL, MODE_OF, _rel, layers_for, steps_per_sample
+from .common import check_tol, layers_for, rel_err, steps_per_sample
 
-METHODS = ("eager",) + tuple(m for m in MODE_OF if not m.startswith("spec-"))
+METHODS = names(layer=True)
 
 
 def make_layer(case, model, device, backend: str | None = None, batch: int | None = None, seed: int = 0,
@@ -65,8 +66,8 @@ def check_layer_against_reference(case, model, device, steps: int | None = None)
             raise AssertionError("non-finite output from the layer")
         if b > 1 and bool((y_ours[-1] != 0).any()):
             raise AssertionError("padded row produced a non-zero output")
-        worst = max(worst, _rel(y_ours, y_ref))
-    tol = CHECK_TOL.get(case.lo_dtype if case.lo_dtype != "none" else case.state_dtype, 3e-2)
+        worst = max(worst, rel_err(y_ours, y_ref))
+    tol = check_tol(case)
     if worst > tol:
         raise AssertionError(f"layer output differs from the reference: rel err {worst:.3g} > {tol}")
     return worst

@@ -65,10 +65,11 @@ import importlib.util
 import torch
 
 from replayssm import reference as R
-from replayssm.inputs import GDNShape, Mamba2Shape, gdn_step_inputs, mamba2_params, mamba2_step_inputs
 from replayssm.state import dtype_of
 
+from ..methods import METHODS, names
 from . import SkipCase
+from .common import layers_for, state_geometry, step_inputs, steps_per_sample
 
 VLLM_VERSION = "0.26.0"          # the version whose calling conventions this file follows
 NULL_BLOCK_ID = 0                # vllm/v1/attention/backends/utils.py:46
@@ -208,11 +209,8 @@ class _Memo:
 
 def _geometry(op, dims):
     """(heads, rows, cols) of one slot's state in vLLM's layout (== ours)."""
-    if op == "mamba2":
-        return dims.nheads, dims.head_dim, dims.d_state
-    if op == "gdn":
-        return dims.num_v_heads, dims.head_v_dim, dims.head_k_dim
-    raise ValueError(f"unknown op {op!r}; allowed: mamba2, gdn")
+    rows, cols, heads = state_geometry(op, dims)
+    return heads, rows, cols
 
 
 def _dev_generator(device, gen):
@@ -376,13 +374,7 @@ class VllmEagerLayer:
     def random_inputs(self, gen=None):
         """Our-format (inputs, params) for this layer's shape ([b, T, ...] when speculative)."""
         T = self.T if self.spec else None
-        d = self.dims
-        if self.op == "mamba2":
-            sh = Mamba2Shape(d.nheads, d.head_dim, d.d_state, d.n_groups)
-            return (mamba2_step_inputs(sh, self.batch, T, self.act_dtype, self.device, gen=gen),
-                    mamba2_params(sh, self.device, gen=gen))
-        sh = GDNShape(d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim)
-        return gdn_step_inputs(sh, self.batch, T, self.act_dtype, self.device, gen=gen), {}
+        return step_inputs(self.op, self.dims, self.batch, self.device, gen, T=T, act=self.act_dtype)
 
     def reference_inputs(self, inp: dict, params: dict | None = None) -> tuple[dict, dict]:
         """Our-format (inputs, params) holding exactly the values vLLM's kernel sees (dt, D,
@@ -522,17 +514,16 @@ def run(case, ctx) -> dict:
     from ..models import get_model
     from ..timing import measure
     from ..traffic import step_traffic
-    from .kernel import layers_for, steps_per_sample
 
-    if case.method not in ("vllm-eager", "vllm-spec"):
-        raise SkipCase(f"method {case.method!r} is not a vLLM peer")
+    if case.method not in names(peer="vllm"):
+        raise SkipCase(f"method {case.method!r} is not a vLLM peer; allowed: {', '.join(names(peer='vllm'))}")
     if not str(ctx.device).startswith("cuda"):
         raise SkipCase("vLLM's kernels need a CUDA device")
     if not vllm_available():
         raise SkipCase("vLLM is not importable here")
     model = get_model(case.model)
     op, dims, device = model.op, model.ssm, ctx.device
-    spec = case.method == "vllm-spec"
+    spec = METHODS[case.method].spec
     T = case.spec_window if spec else 1
     b_chk = min(case.batch, 8)
     check = (check_vllm_spec_layer(op, dims, b_chk, T, case.state_dtype, device, seed=case.seed) if spec

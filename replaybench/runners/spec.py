@@ -10,7 +10,7 @@
                     request; commit m moves the start slot -> replayssm.perdraft
     (vllm-spec      vLLM's own kernels: runners/peers.py)
 
-Conventions are the kernel runner's (runners/kernel.py, whose helpers this reuses): the layer
+Conventions are the kernel runner's (helpers shared through runners/common.py): the layer
 count is chosen so every layer's state together streams from HBM, ReplaySSM cursors are
 staggered across the batch (sequence i at i mod K), the backend is checked against the
 reference (a padded row included, rounds crossing a flush of every sequence) before it is
@@ -27,33 +27,30 @@ import torch
 from replayssm import gdn as G
 from replayssm import mamba2 as M
 from replayssm import perdraft as PD
-from replayssm.inputs import GDNShape, Mamba2Shape, gdn_step_inputs, mamba2_params, mamba2_step_inputs, random_state
+from replayssm.inputs import random_state
 from replayssm.state import ByteCounter, dtype_of
 
 from ..accept import DEFAULT, draw_accepted, mean_accepted, resolve_accept
 from ..memory import layer_memory
+from ..methods import names
 from ..models import get_model
 from ..timing import measure
-from ..traffic import SPEC_REPLAY_METHODS as REPLAY_METHODS, step_traffic
+from ..traffic import step_traffic
 from . import SkipCase
-from .kernel import CHECK_TOL, Layer, _device_gen, _rel, _state_geometry, layers_for
+from .common import Layer, check_tol, device_gen, layers_for, rel_err, state_geometry, step_inputs
 
-METHODS = REPLAY_METHODS + ("spec-perdraft",)     # the methods this runner measures (kernel.run routes them here)
+METHODS = names(runner="spec")          # the methods this runner measures (kernel.run routes them here)
+REPLAY_METHODS = names(runner="spec", traffic="spec-replay")
 MIN_ROUNDS = 8          # rounds per sample on a GPU: max(K, MIN_ROUNDS); on a CPU max(K, 2)
 
 
 def spec_inputs(op, dims, batch, T, device, gen, act=torch.bfloat16):
     """(inputs [b, T, ...], params) of one round at a model's SSM dims."""
-    if op == "mamba2":
-        sh = Mamba2Shape(dims.nheads, dims.head_dim, dims.d_state, dims.n_groups)
-        return (mamba2_step_inputs(sh, batch, T, act_dtype=act, device=device, gen=gen),
-                mamba2_params(sh, device=device, gen=gen))
-    sh = GDNShape(dims.num_k_heads, dims.num_v_heads, dims.head_k_dim, dims.head_v_dim)
-    return gdn_step_inputs(sh, batch, T, act_dtype=act, device=device, gen=gen), {}
+    return step_inputs(op, dims, batch, device, gen, T=T, act=act)
 
 
 class ReplaySpecLayer:
-    """One layer's ReplaySSM state (kernel.Layer: random checkpoint and buffer, staggered
+    """One layer's ReplaySSM state (common.Layer: random checkpoint and buffer, staggered
     cursors); a round is verify + commit."""
 
     def __init__(self, op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype, device,
@@ -87,9 +84,9 @@ class PerdraftSpecLayer:
 
     def __init__(self, op, dims, backend, batch, T, state_dtype, device, gen):
         self.op, self.backend = op, backend
-        rows, cols, heads = _state_geometry(op, dims)
+        rows, cols, heads = state_geometry(op, dims)
         self.states = random_state(batch * (T + 1), heads, rows, cols, dtype_of(state_dtype), device,
-                                   _device_gen(gen, device))
+                                   device_gen(gen, device))
 
     def round(self, inp, params, tbl, start, out=None, counter: ByteCounter | None = None):
         if self.op == "mamba2":
@@ -130,7 +127,7 @@ class _Spec:
                 y = layer.round(inp, params, self.idx, accepted, out, counter)
             else:
                 y = layer.round(inp, params, self.tbl, self.start, out, counter)
-        if self.method == "spec-perdraft":
+        if self.method not in REPLAY_METHODS:     # per-draft slots: the start column moves
             PD.advance(self.start, accepted, self.T)
         return y
 
@@ -158,8 +155,8 @@ def check_spec(case, model, device, rounds: int | None = None) -> float:
             raise AssertionError("non-finite output from the kernel")
         if b > 1 and not torch.all(y_ours[-1] == 0):
             raise AssertionError("padded row produced a non-zero output")
-        worst = max(worst, _rel(y_ours, y_ref))
-    tol = CHECK_TOL.get(case.lo_dtype if case.lo_dtype != "none" else case.state_dtype, 3e-2)
+        worst = max(worst, rel_err(y_ours, y_ref))
+    tol = check_tol(case)
     if worst > tol:
         raise AssertionError(f"output differs from the reference: rel err {worst:.3g} > {tol}")
     return worst
@@ -225,7 +222,7 @@ def run(case, ctx) -> dict:
     st_b, buf_b = _request_bytes(case, model)
     traffic = step_traffic(case, model)
     m_drawn = float(acc_np.mean())
-    rows, cols, heads = _state_geometry(model.op, model.ssm)
+    rows, cols, heads = state_geometry(model.op, model.ssm)
     per_s = 1e6 / t.median_us
     return {
         **t.columns(),
@@ -238,7 +235,7 @@ def run(case, ctx) -> dict:
         "check_rel_err": check, "layers": nl, "rounds_per_sample": rounds, "steps_per_sample": rounds,
         "mean_accepted": mean_accepted(accept, T), "mean_accepted_drawn": m_drawn,
         "verified_tokens_per_s": B * T * per_s, "committed_tokens_per_s": B * m_drawn * per_s,
-        "slots_per_request": T + 1 if case.method == "spec-perdraft" else 1,
+        "slots_per_request": 1 if case.method in REPLAY_METHODS else T + 1,
         "ssm_bytes_per_request_layer": st_b + buf_b,
         "heads": heads, "state_rows": rows, "state_cols": cols,
         "groups": getattr(model.ssm, "n_groups", getattr(model.ssm, "num_k_heads", None)),

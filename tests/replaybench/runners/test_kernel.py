@@ -52,7 +52,7 @@ def test_workload_is_one_flush_period_over_the_layers(method):
 def test_a_gpu_sample_holds_the_same_steps_for_every_method_in_whole_flush_periods(period, layers, steps):
     # an eager case at batch 1 (64 layers) used to be timed 64 launches a sample beside replay's
     # 1024, and a one-layer case one launch a sample (kernel.SAMPLE_STEPS)
-    from replaybench.runners.kernel import SAMPLE_STEPS, steps_per_sample
+    from replaybench.runners.common import SAMPLE_STEPS, steps_per_sample
     got = steps_per_sample(period, layers, "cuda")
     assert got == steps
     assert got % max(period, 1) == 0 and got >= SAMPLE_STEPS
