@@ -39,9 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from .methods import names
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKTREE = "WORKTREE"
-AB_METHODS = ("eager", "replay", "replay-dual", "replay-shared-low")
+AB_METHODS = names(layer=True)     # the methods of ours a one-step decode layer builds
 AB_BACKENDS = ("triton", "reference")
 BATCH_CUDA = 5                  # samples a side takes per round on a GPU
 BATCH_CPU = 2

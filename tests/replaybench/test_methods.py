@@ -11,13 +11,16 @@ PKG = Path(methods.__file__).parent
 
 
 def _method_sets(path: Path):
-    """(line, names) of every tuple / list / set literal or dict whose keys hold >= 2 method names."""
+    """(line, names) of every tuple / list / set literal, or dict's keys, made of >= 2 method names
+    and nothing else (a table keyed by other things that happen to include a method name is not a
+    method set)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         elts = (node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set))
                 else [k for k in node.keys if k is not None] if isinstance(node, ast.Dict) else [])
-        found = [e.value for e in elts if isinstance(e, ast.Constant) and e.value in METHODS]
-        if len(found) >= 2:
+        strs = [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        found = [s for s in strs if s in METHODS]
+        if len(found) >= 2 and len(found) == len(strs):
             yield node.lineno, found
 
 
