@@ -14,8 +14,9 @@ them. The rows go to ``results/<prefix>-base`` and ``-new`` (samples included), 
 ``replaybench check <prefix>-base <prefix>-new`` can re-judge them, and the gate's verdicts
 (replaybench.check) are printed and written as Markdown.
 
-Validation of the gate (``--inject F``): further sides run NEW_REV's kernels with an extra read
-of F x the case's modelled bytes per sample (an fp32 buffer summed inside the same CUDA graph,
+Validation of the gate (``--inject F``): further sides run NEW_REV's kernels (``--inject 0``:
+a plain replica, for more A/A comparisons) with an extra read of F x the case's modelled bytes
+per sample (an fp32 buffer summed inside the same CUDA graph,
 one launch per sample), i.e. a workload that honestly moves F more bytes; the summary tells how
 many of those the gate calls SLOWER. The measured time ratio is what it is: a read at the
 copy bandwidth adds F x (the case's achieved / copy bandwidth) of time.
@@ -93,8 +94,11 @@ def export_kernels(rev: str, dest: Path) -> tuple[Path, dict]:
 
 def _worker(device: str) -> int:
     """The worker loop: JSON commands on stdin, one JSON reply a line on stdout."""
-    proto = sys.stdout
-    sys.stdout = sys.stderr              # anything else printed goes to stderr
+    # the protocol gets its own copy of fd 1; fd 1 itself (Python and C-level prints, e.g. a
+    # compiler's) now goes to stderr, so nothing else can land between two replies
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
@@ -201,18 +205,23 @@ class WorkerDied(RuntimeError):
 class Worker:
     """One side's worker process (its revision's kernels first on PYTHONPATH)."""
 
-    def __init__(self, name: str, kernels: Path, device: str):
+    def __init__(self, name: str, kernels: Path, device: str, wait: bool = True):
         self.name, self.kernels, self.device = name, kernels, device
         self.proc = None
-        self.start()
+        self.start(wait)
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         env = dict(os.environ)
         paths = [str(self.kernels), str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)
         self.proc = subprocess.Popen([sys.executable, "-m", "replaybench.ab", "--worker", self.device],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      cwd=str(REPO_ROOT))
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Wait for the worker's hello and check which kernels it imported."""
         hello = self._read()
         got = Path(hello.get("replayssm", "")).resolve()
         if self.kernels.resolve() not in got.parents:
@@ -221,10 +230,14 @@ class Worker:
                           f"(something shadows PYTHONPATH)")
 
     def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise WorkerDied(f"side {self.name}: worker exited (code {self.proc.poll()})")
-        return json.loads(line)
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise WorkerDied(f"side {self.name}: worker exited (code {self.proc.poll()})")
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:        # not a reply: pass it on
+                print(line, end="", file=sys.stderr)
 
     def call(self, **msg) -> dict:
         try:
@@ -343,8 +356,8 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
         return 2
 
     for f in inject:
-        if not 0 < f < 1:
-            return bad(f"--inject must be in (0, 1), got {f}")
+        if not 0 <= f < 1:
+            return bad(f"--inject must be in [0, 1) (0: one more plain NEW side, an A/A replica), got {f}")
     try:
         scen = load_scenario(locate(scenario_path))
         cfg_check = S.check_config_from_text(scen.text)
@@ -377,11 +390,18 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
         except ABError as e:
             return bad(str(e))
         sides = [Side("base", base_rev, kb, pb), Side("new", new_rev, kn, pn)]
-        sides += [Side(f"new+inject{f:g}", new_rev, kn, pn, inject=f) for f in inject]
+        for f in inject:
+            name = f"new+inject{f:g}" if f else "new-replica"
+            k, base_name = 2, name
+            while any(x.name == name for x in sides):
+                name, k = f"{base_name}{k}", k + 1
+            sides.append(Side(name, new_rev, kn, pn, inject=f))
         stores = {}
         try:
+            for s in sides:             # start them all, then wait: the imports overlap
+                s.worker = Worker(s.name, s.kernels, dev, wait=False)
             for s in sides:
-                s.worker = Worker(s.name, s.kernels, dev)
+                s.worker.ready()
             for s in sides:
                 man = {"run_id": f"{prefix}-{s.name}", "created": now_iso(), "git": s.provenance,
                        "argv": sys.argv, "scenario": {"name": scen.name, "path": scen.path, "sha256": scen.sha256,
@@ -433,10 +453,11 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
         t2 = compare(dfs["base"], dfs[s.name], thr, a, cfg_check, st)
         r2 = gate(t2, dfs["base"], dfs[s.name])
         ok = t2[t2["verdict"] == S.SLOWER]
-        fr = dfs[s.name]["inject_fraction"].dropna().astype(float) if "inject_fraction" in dfs[s.name] else []
-        line = (f"validation: NEW + extra read of {s.inject:.0%} of the modelled bytes "
-                f"(actual {min(fr):.4f}-{max(fr):.4f}): SLOWER in {len(ok)}/{len(t2)} case(s); "
-                f"median time ratio {t2['ratio'].median():.4f} (min {t2['ratio'].min():.4f}); "
+        fr = list(dfs[s.name]["inject_fraction"].dropna().astype(float)) if "inject_fraction" in dfs[s.name] else []
+        what = (f"NEW + extra read of {s.inject:.0%} of the modelled bytes (actual "
+                f"{min(fr):.4f}-{max(fr):.4f})" if s.inject and fr else "a replica of NEW (A/A)")
+        line = (f"validation {s.name}: {what}: SLOWER in {len(ok)}/{len(t2)} case(s); median time ratio "
+                f"{t2['ratio'].median():.4f} (min {t2['ratio'].min():.4f}, max {t2['ratio'].max():.4f}); "
                 f"verdicts {r2.counts}" if len(t2) else f"validation {s.name}: nothing compared")
         print(line, file=out)
         md.append(format_markdown(r2, f"validation: {s.name} vs base", [line]))

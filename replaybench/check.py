@@ -315,7 +315,8 @@ def add_arguments(c) -> None:
     c.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="--revs: where to measure")
     c.add_argument("--inject", type=float, action="append", default=[], metavar="FRACTION",
                    help="--revs, validation of the gate: also measure NEW_REV with an extra read of FRACTION "
-                        "of each case's modelled bytes in the same CUDA graph (repeatable: 0.03, 0.05)")
+                        "of each case's modelled bytes in the same CUDA graph (repeatable: 0.03, 0.05; "
+                        "0 = one more plain NEW side, an A/A replica)")
     c.add_argument("--run-id", help="--revs: prefix of the run ids written (default: ab-<scenario>-<time>)")
 
 

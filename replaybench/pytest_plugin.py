@@ -25,7 +25,8 @@ static NVML facts of the GPU into the run's machine_info.
 
 Without CUDA the fixture skips the test at set-up (before the test body allocates anything),
 with the reason. With pytest-benchmark disabled (``--benchmark-disable``, or under xdist) it
-runs ``fn`` once, as pytest-benchmark does.
+runs ``fn`` once, as pytest-benchmark does, and returns None; otherwise it returns the
+replaybench.timing.Timing of the measurement.
 """
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def test_replay_step(gpu_benchmark, model, batch):
                 step(rs, **inp, **params, state_indices=idx)
 
     t = gpu_benchmark(sample, per=K * len(states), max_time_s=0.5)
-    assert t.median_us > 0
+    assert t is None or t.median_us > 0      # None: benchmarks disabled (xdist), fn ran once
 
 
 @pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b"])
@@ -102,4 +102,4 @@ def test_eager_step_cold_l2(gpu_benchmark, model):
     idx = torch.zeros(1, dtype=torch.int32, device=device)
     step = (mamba2 if op == "mamba2" else gdn).eager_step
     t = gpu_benchmark(lambda: step(state, **inp, **params, state_indices=idx), flush_l2=True, max_time_s=0.5)
-    assert t.median_us > 0
+    assert t is None or t.median_us > 0      # None: benchmarks disabled (xdist), fn ran once
