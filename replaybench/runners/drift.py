@@ -48,14 +48,25 @@ def _clean(v):
 
 def _route_period(case, model):
     """The Triton replay step's small-batch route period at this shape (0: buffered), or None
-    when the kernel library cannot say: a routed dual step reads its high copy, not the low
-    one, so a drift row must be buffered to measure the low copy."""
-    if case.backend != "triton" or case.method == "eager":
+    when the kernel library cannot say: a routed step flushes every step or every other one and
+    a routed dual step reads its high copy, so a drift row must be buffered to measure the
+    method."""
+    mode = D.method_mode(case.method)
+    if case.backend != "triton" or mode is None:
         return None
+    from replayssm.state import dtype_of
+    read = case.lo_dtype if case.lo_dtype != "none" else case.state_dtype   # dual: the low copy
+    kw = dict(batch=case.batch, read_bytes=torch.empty((), dtype=dtype_of(read)).element_size(),
+              flush_period=case.flush_period, dual=mode == "dual")
+    d = model.ssm
     try:
-        from ..traffic import route_period
-        return route_period(case, model)
-    except Exception:       # noqa: BLE001 - informational column only
+        if model.op == "mamba2":
+            from replayssm import mamba2
+            return mamba2.route_period(heads=d.nheads, head_dim=d.head_dim, **kw)
+        from replayssm import gdn
+        return gdn.route_period(heads=d.num_v_heads, head_dim=d.head_v_dim, key_dim=d.head_k_dim,
+                                buffer_len=case.buffer_len, **kw)
+    except Exception:       # noqa: BLE001 - informational: the scenario's batch is above the routes
         return None
 
 

@@ -192,6 +192,6 @@ def test_scenarios_parse():
     assert {c.steps for c in smoke.cases} == {128} and {c.backend for c in smoke.cases} == {"reference"}
     gpu = load_scenario(ROOT / "scenarios" / "h200-drift.toml")
     assert len(gpu.cases) == 40 and {c.steps for c in gpu.cases} == {8192}
-    assert {c.backend for c in gpu.cases} == {"triton"} and {c.batch for c in gpu.cases} == {32}
+    assert {c.backend for c in gpu.cases} == {"triton"} and {c.batch for c in gpu.cases} == {64}
     labels = {D.config_label(c.method, c.state_dtype, c.lo_dtype) for c in gpu.cases}
     assert labels == {D.config_label(*cfg) for cfg in D.CONFIGS}
