@@ -116,17 +116,24 @@ class GpuBenchmark:
             acc.add(xs, nvml.read())
         t = acc.summary(per)
         self.timing = t
-        stats = bm._make_stats(1)    # pytest-benchmark's own record: one round per sample
-        for us in t.raw_us:
-            stats.update(us * 1e-6)
-        bm._mode = "gpu_benchmark(...)"
-        bm.extra_info.update({
-            "timer": "cuda events" + (" (CUDA graph replay)" if graphed else " (direct launches)"),
-            "graph_error": why or None, "per": per, "flush_l2": flush_l2, "setup": setup is not None,
-            "median_us": t.median_us, "iqr_us": t.iqr_us, "samples": t.samples, "discarded": t.discarded,
-            "power_capped": t.power_capped, "throttle": t.throttle, "sm_clock_mhz": t.sm_clock_mhz,
-            "mem_clock_mhz": t.mem_clock_mhz, "power_w": t.power_w})
+        record(bm, t, {"timer": "cuda events" + (" (CUDA graph replay)" if graphed else " (direct launches)"),
+                       "graph_error": why or None, "per": per, "flush_l2": flush_l2, "setup": setup is not None})
         return t
+
+
+def record(benchmark, t, extra: dict | None = None) -> None:
+    """Store a replaybench.timing.Timing in a pytest-benchmark fixture as its measurement: one
+    round per sample (seconds per unit), the suite's facts in extra_info. The fixture cannot be
+    used again in the same test, as after benchmark(...)."""
+    stats = benchmark._make_stats(1)
+    for us in t.raw_us:
+        stats.update(us * 1e-6)
+    benchmark._mode = "gpu_benchmark(...)"
+    benchmark.extra_info.update(extra or {})
+    benchmark.extra_info.update({
+        "median_us": t.median_us, "iqr_us": t.iqr_us, "samples": t.samples, "discarded": t.discarded,
+        "power_capped": t.power_capped, "throttle": t.throttle, "sm_clock_mhz": t.sm_clock_mhz,
+        "mem_clock_mhz": t.mem_clock_mhz, "power_w": t.power_w})
 
 
 @pytest.fixture

@@ -30,3 +30,39 @@ def test_machine_info_without_gpu_adds_nothing():
     info = {"node": "x"}
     pytest_plugin.pytest_benchmark_update_machine_info(None, info)
     assert info == {"node": "x"} and pytest_plugin.gpu_facts() == {}
+
+
+RECORD = '''
+import os
+from replaybench.pytest_plugin import record
+from replaybench.timing import Timing
+
+def test_kernel(benchmark):
+    scale = float(os.environ["RB_SCALE"])
+    xs = [scale * (100.0 + 0.1 * (i % 7)) for i in range(40)]
+    record(benchmark, Timing(median_us=sorted(xs)[20], iqr_us=0.3, samples=40, discarded=0, mean_us=sum(xs) / 40,
+                             min_us=min(xs), raw_us=xs), {"per": 1})
+'''
+
+
+def test_record_goes_into_pytest_benchmark_storage_and_gates(tmp_path):
+    """The fixture's samples land in pytest-benchmark's storage, so its compare-fail gates them:
+    a 5 % slower second run fails --benchmark-compare-fail=median:3%, an equal one passes."""
+    (tmp_path / "test_r.py").write_text(RECORD)
+    store = f"file://{tmp_path / 'bm'}"
+
+    def run(scale, *args):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               f"--benchmark-storage={store}", str(tmp_path / "test_r.py"), *args],
+                              cwd=tmp_path, env=subprocess_env(RB_SCALE=str(scale)), capture_output=True,
+                              text=True, timeout=300)
+    r = run(1.0, "--benchmark-autosave", f"--benchmark-json={tmp_path / 'b.json'}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    b = json.loads((tmp_path / "b.json").read_text())["benchmarks"][0]
+    assert b["stats"]["rounds"] == 40 and abs(b["stats"]["median"] - 100.3e-6) < 1e-9
+    assert b["extra_info"]["samples"] == 40 and b["extra_info"]["per"] == 1
+    r = run(1.0, "--benchmark-compare", "--benchmark-compare-fail=median:3%")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(1.05, "--benchmark-compare", "--benchmark-compare-fail=median:3%")
+    assert r.returncode != 0 and "median" in (r.stdout + r.stderr)
