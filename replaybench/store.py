@@ -23,11 +23,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-CONTRACT_COLUMNS = [
-    "run_id", "case_id", "runner", "model", "op", "method", "backend", "batch",
-    "buffer_len", "flush_period", "spec_window", "state_dtype", "lo_dtype", "device",
-    "median_us", "iqr_us", "samples", "bytes_model", "gbps", "pct_copy_bw", "status", "error",
-]
+from .schema import CONTRACT_COLUMNS, FLOAT_CONTRACT, INT_CONTRACT
+
 STATUSES = ("ok", "error", "skipped")
 
 ROWS_JSONL = "rows.jsonl"
@@ -358,9 +355,9 @@ def rows_to_dataframe(rows: list[dict]):
                 extras.append(k)
     cols = CONTRACT_COLUMNS + extras
     df = pd.DataFrame.from_records(rows, columns=cols) if rows else pd.DataFrame(columns=cols)
-    for c in ("median_us", "iqr_us", "bytes_model", "gbps", "pct_copy_bw"):
+    for c in FLOAT_CONTRACT:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
-    for c in ("batch", "buffer_len", "flush_period", "spec_window", "samples"):
+    for c in INT_CONTRACT:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
     return df
 

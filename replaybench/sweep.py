@@ -20,13 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from .scenario import Case, Scenario
-from .store import CONTRACT_COLUMNS, RunStore, StoreError, default_run_id, fresh_run_id, \
-    git_info, now_iso, validate_run_id
+from .schema import CONTRACT_COLUMNS, IDENTITY_COLUMNS   # IDENTITY: the sweep's; a runner cannot override them
+from .store import RunStore, StoreError, default_run_id, fresh_run_id, git_info, now_iso, validate_run_id
 
-# columns owned by the sweep; a runner's metrics cannot override them
-IDENTITY_COLUMNS = ("run_id", "case_id", "runner", "model", "op", "method", "backend", "batch",
-                    "buffer_len", "flush_period", "spec_window", "state_dtype", "lo_dtype",
-                    "device", "torch_device", "seed", "accept", "status", "error")
 MATERIALISE_EVERY_S = 15.0
 MAX_ERROR_CHARS = 300
 
