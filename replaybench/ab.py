@@ -449,6 +449,9 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
              f"threshold {thr:.1%}, alpha {a:g}{', strict' if st else ''}; rows: `{results_dir}/{prefix}-base`, "
              f"`{results_dir}/{prefix}-new`"]
     md = [format_markdown(res, "replaybench A/B", notes)]
+    summary = []                     # (side, kind, result): the validation table
+    if same_rev:
+        summary.append(("new", "A/A", res))
     for s in sides[2:]:
         t2 = compare(dfs["base"], dfs[s.name], thr, a, cfg_check, st)
         r2 = gate(t2, dfs["base"], dfs[s.name])
@@ -461,12 +464,59 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
                 f"verdicts {r2.counts}" if len(t2) else f"validation {s.name}: nothing compared")
         print(line, file=out)
         md.append(format_markdown(r2, f"validation: {s.name} vs base", [line]))
+        if s.inject or same_rev:
+            summary.append((s.name, f"+{s.inject:.0%} bytes" if s.inject else "A/A", r2))
     if same_rev:
         print(f"A/A: {res.counts.get(S.SLOWER, 0) + res.counts.get(S.FASTER, 0)} of {res.compared} case(s) "
               f"called SLOWER/FASTER (false alarms), {res.counts.get(S.AMBIGUOUS, 0)} AMBIGUOUS", file=out)
+    if summary:
+        table = validation_table(summary)
+        print(table, file=out)
+        md.insert(0, "### Validation of the gate\n\n" + table + "\n")
     if markdown:
         Path(markdown).write_text("\n\n".join(md), encoding="utf-8")
     return res.exit_code
+
+
+def binom_upper(k: int, n: int, conf: float = 0.95) -> float:
+    """Exact (Clopper-Pearson) one-sided upper confidence bound of a rate seen k times in n."""
+    if n <= 0:
+        return 1.0
+    if k >= n:
+        return 1.0
+    lo, hi = k / n, 1.0
+    for _ in range(60):              # P(X <= k | p) = 1 - conf, by bisection on p
+        p = (lo + hi) / 2
+        cdf = sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+        lo, hi = (p, hi) if cdf > 1 - conf else (lo, p)
+    return hi
+
+
+def validation_table(summary) -> str:
+    """Markdown table of a validation run: per extra side the verdict counts and the rate
+    (false alarms = SLOWER or FASTER for A/A sides, detections = SLOWER for injected ones)
+    with its exact 95 % bound; A/A sides pooled in a last row."""
+    from . import stats as S
+    lines = ["| side | kind | compared | SLOWER | FASTER | AMBIGUOUS | SAME | median ratio | min / max ratio | rate |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    pool_k = pool_n = 0
+    for name, kind, r in summary:
+        c, t, n = r.counts, r.table, r.compared
+        if kind == "A/A":
+            k = c.get(S.SLOWER, 0) + c.get(S.FASTER, 0)
+            pool_k, pool_n = pool_k + k, pool_n + n
+            rate = f"false alarms {k}/{n} (95 % upper {binom_upper(k, n):.1%})"
+        else:
+            k = c.get(S.SLOWER, 0)
+            rate = f"caught {k}/{n} (95 % lower {1 - binom_upper(n - k, n):.1%})"
+        rr = t["ratio"].astype(float) if n else None
+        lines.append(f"| {name} | {kind} | {n} | {c.get(S.SLOWER, 0)} | {c.get(S.FASTER, 0)} | "
+                     f"{c.get(S.AMBIGUOUS, 0)} | {c.get(S.SAME, 0)} | "
+                     + (f"{rr.median():.4f} | {rr.min():.4f} / {rr.max():.4f}" if n else "n/a | n/a") + f" | {rate} |")
+    if pool_n:
+        lines.append(f"| all A/A | A/A | {pool_n} | | | | | | | false alarms {pool_k}/{pool_n} "
+                     f"(95 % upper {binom_upper(pool_k, pool_n):.1%}) |")
+    return "\n".join(lines)
 
 
 def _same(a: dict, b: dict) -> bool:

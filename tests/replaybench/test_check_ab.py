@@ -88,3 +88,10 @@ def test_ab_bad_input(tmp_path):
     assert r.returncode == 2 and "not both" in r.stderr
     r = run(tmp_path, "--revs", WORKTREE, WORKTREE, str(scen), "--inject", "2")
     assert r.returncode == 2 and "--inject" in r.stderr
+
+
+def test_validation_rates():
+    from replaybench.ab import binom_upper
+    assert binom_upper(0, 104) == pytest.approx(1 - 0.05 ** (1 / 104))     # the exact zero-event bound
+    assert binom_upper(0, 300) < 0.01 < binom_upper(1, 300)
+    assert 1 - binom_upper(0, 52) == pytest.approx(0.05 ** (1 / 52))       # 52 of 52 caught: lower bound
