@@ -187,6 +187,11 @@ def _ops(op: str):
     return m
 
 
+def heads(op: str, dims) -> int:
+    """State heads of an op (Mamba-2 heads, GDN value heads)."""
+    return _geometry(op, dims)[0]
+
+
 def _geometry(op: str, dims) -> tuple[int, int, int]:
     """(heads, rows, cols) of one sequence's state."""
     if op == "mamba2":
@@ -272,6 +277,79 @@ def window_steps(points: list[int], window: int = WINDOW) -> set[int]:
     return {s for t in points for s in range(max(1, t - window + 1), t + 1)}
 
 
+# ----------------------------------------------------------------------------- CUDA graphs
+GRAPH_CHECK_STEPS = 24     # graph replay checked against an eager twin over these (a flush included)
+
+
+def _map(x, f):
+    return {k: f(v) for k, v in x.items()} if isinstance(x, dict) else f(x)
+
+
+class _Graphed:
+    """One captured decode step of `dec`: copy the input into static tensors, replay, return
+    the static output (overwritten by the next call)."""
+
+    def __init__(self, dec, example):
+        self.static = _map(example, torch.clone)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = dec.step(self.static)
+
+    def __call__(self, x):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                self.static[k].copy_(v)
+        else:
+            self.static.copy_(x)
+        self.graph.replay()
+        return self.out
+
+
+class Stepper:
+    """step(x) of a decoder built by make(): on a GPU with the Triton backend, one step captured
+    in a CUDA graph and replayed (the per-step launch overhead of thousands of steps is most of
+    the run otherwise); elsewhere, or when capture fails, the plain step. A graphed decoder
+    runs beside an eager twin for the first GRAPH_CHECK_STEPS steps; any difference and the
+    twin, which holds the same state, takes over. `dec` is the decoder whose state is current;
+    `graphed` says which ran."""
+
+    def __init__(self, make, example, backend: str, device, warm_steps: int = 17):
+        self.graphed = False
+        self.twin = None
+        self.t = 0
+        if backend != "triton" or not torch.device(device).type == "cuda":
+            self.dec = make()
+            self.step = self.dec.step
+            return
+        try:
+            warm = make()                   # compiles every kernel (a flush included) before capture
+            for _ in range(warm_steps):
+                warm.step(example)
+            del warm
+            self.dec = make()
+            self.step = _Graphed(self.dec, example)
+            self.twin = make()
+            self.graphed = True
+        except Exception:   # noqa: BLE001 - capture is an optimisation; the eager step is the method
+            torch.cuda.synchronize()
+            self.dec = make()
+            self.step = self.dec.step
+            self.twin = None
+
+    def __call__(self, x):
+        y = self.step(x)
+        if self.twin is not None:
+            self.t += 1
+            y2 = self.twin.step(x)
+            # the same kernels on the same state: equal up to the order of a reduction
+            if float((y - y2).abs().max()) > 1e-6 * float(y2.abs().max()):
+                self.dec, self.step, self.graphed = self.twin, self.twin.step, False
+                y = y2
+            if self.t >= GRAPH_CHECK_STEPS or not self.graphed:
+                self.twin = None
+        return y
+
+
 # ----------------------------------------------------------------------------- op level
 @dataclass
 class OpReference:
@@ -305,15 +383,20 @@ def op_drift(op: str, dims, method: str, state_dtype: str, lo_dtype: str, batch:
     out_p99 (output error pooled over the window), state_med / state_p99 (the carried state:
     for replay methods only where the point is a flush step), lo_med / lo_p99 (dual: the low
     copy)."""
-    dec = OpDecoder(op, dims, method, state_dtype, lo_dtype, batch, params, backend, device,
-                    buffer_len, flush_period)
+    def make():
+        return OpDecoder(op, dims, method, state_dtype, lo_dtype, batch, params, backend, device,
+                         buffer_len, flush_period)
+
+    example, _ = InputStream(op, dims, batch, params, device, seed + 1).next()
+    stepper = Stepper(make, example, backend, device)
     stream = InputStream(op, dims, batch, params, device, seed)
     need = window_steps(ref.points, window)
     errs: dict[int, torch.Tensor] = {}
     out = []
     for t in range(1, n + 1):
         inp32, _ = stream.next()
-        y = dec.step(inp32)
+        y = stepper(inp32)
+        dec = stepper.dec
         if t in need:
             errs[t] = rel_err_rows(y, ref.outputs[t])
         if t in ref.points:
@@ -329,6 +412,7 @@ def op_drift(op: str, dims, method: str, state_dtype: str, lo_dtype: str, batch:
             lo = dec.lo_state() if flushed else None
             if lo is not None:
                 rec["lo_med"], rec["lo_p99"] = stats(rel_err_rows(lo, ref.states[t]))
+            rec["graph"] = stepper.graphed
             out.append(rec)
     return out
 
@@ -364,7 +448,7 @@ class Stack:
             layer = decode_layer(model.op, hidden, model.ssm, method=method, backend=backend, batch=batch,
                                  buffer_len=buffer_len, flush_period=flush_period, state_dtype=state_dtype,
                                  lo_dtype=lo_dtype, device=self.device, dtype=dtype, seed=seed * 101 + i)
-            p = decay_params(model.op, model.ssm.n_heads, seed * 101 + i)
+            p = decay_params(model.op, heads(model.op, model.ssm), seed * 101 + i)
             cd = layer.cd
             if model.op == "mamba2":
                 layer.A = p["A"].to(self.device, cd)
@@ -419,14 +503,17 @@ def stack_drift(model, method: str, state_dtype: str, lo_dtype: str, batch: int,
                 window: int = WINDOW) -> list[dict]:
     """One record per point: kl_mean / kl_p99 (KL(p_fp64 || p) per sequence and step, nats,
     pooled over the window) and top1 (fraction of those where the argmax agrees)."""
-    st = Stack(model, method, state_dtype, lo_dtype, batch, backend, device, torch.float32, seed,
-               buffer_len=buffer_len, flush_period=flush_period)
+    def make():
+        return Stack(model, method, state_dtype, lo_dtype, batch, backend, device, torch.float32, seed,
+                     buffer_len=buffer_len, flush_period=flush_period)
+
     toks = _tokens(batch, stack_dims(model)[1], n, device, seed)
+    stepper = Stepper(make, toks[0], backend, device)
     need = window_steps(ref.points, window)
     kls, agree = {}, {}
     out = []
     for t in range(1, n + 1):
-        lp = st.step(toks[t - 1])
+        lp = stepper(toks[t - 1])
         if t in need:
             r = ref.logp[t]
             kls[t] = (r.exp() * (r - lp)).sum(-1).clamp_min(0)
@@ -438,5 +525,5 @@ def stack_drift(model, method: str, state_dtype: str, lo_dtype: str, batch: int,
             kls.clear()
             agree.clear()
             out.append({"step": t, "kl_mean": float(kl.mean()), "kl_p99": float(torch.quantile(kl, 0.99)),
-                        "top1": float(ag.mean())})
+                        "top1": float(ag.mean()), "stack_graph": stepper.graphed})
     return out

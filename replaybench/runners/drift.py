@@ -92,7 +92,7 @@ def run(case, ctx) -> dict:
     if route:
         raise SkipCase(f"batch {case.batch} takes the Triton small-batch route (period {route}): its steps "
                        f"read the high checkpoint, not the low copy; use a larger batch")
-    params = D.decay_params(model.op, model.ssm.n_heads, case.seed)
+    params = D.decay_params(model.op, D.heads(model.op, model.ssm), case.seed)
     threads = torch.get_num_threads()
     if not str(device).startswith("cuda"):
         torch.set_num_threads(1)     # tiny CPU tensors: thread hand-offs cost more than the math
@@ -107,7 +107,8 @@ def run(case, ctx) -> dict:
     by_step = {r["step"]: dict(r) for r in op}
     for r in st:
         by_step.setdefault(r["step"], {"step": r["step"]}).update(r)
-    series = [{k: _clean(v) for k, v in by_step[s].items()} for s in sorted(by_step)]
+    series = [{k: _clean(v) for k, v in by_step[s].items() if k not in ("graph", "stack_graph")}
+              for s in sorted(by_step)]
     last = series[-1]
     flushed = [r for r in series if r.get("state_med") is not None]
     hidden, vocab = D.stack_dims(model)
@@ -121,6 +122,8 @@ def run(case, ctx) -> dict:
         "drift_series": json.dumps(series),
         "window": window, "ref_entropy": stack_ref.entropy,
         "stack_layers": D.STACK_LAYERS, "stack_hidden": hidden, "stack_vocab": vocab,
-        "heads": model.ssm.n_heads, "route_period": route,
+        "heads": D.heads(model.op, model.ssm), "route_period": route,
+        # replayed as CUDA graphs (checked against an eager twin first), or step by step
+        "graphed": bool(op[-1].get("graph")), "stack_graphed": bool(st[-1].get("stack_graph")),
         **D.spectrum_summary(params),
     }
