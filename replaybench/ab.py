@@ -466,6 +466,11 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
         md.append(format_markdown(r2, f"validation: {s.name} vs base", [line]))
         if s.inject or same_rev:
             summary.append((s.name, f"+{s.inject:.0%} bytes" if s.inject else "A/A", r2))
+    plain = (["base", "new"] if same_rev else []) + [s.name for s in sides[2:] if not s.inject]
+    for i, x in enumerate(plain[1:], 1):     # the other pairs of plain sides: more A/A comparisons
+        for y in plain[1:i]:
+            t3 = compare(dfs[y], dfs[x], thr, a, cfg_check, st)
+            summary.append((f"{x} vs {y}", "A/A", gate(t3, dfs[y], dfs[x])))
     if same_rev:
         print(f"A/A: {res.counts.get(S.SLOWER, 0) + res.counts.get(S.FASTER, 0)} of {res.compared} case(s) "
               f"called SLOWER/FASTER (false alarms), {res.counts.get(S.AMBIGUOUS, 0)} AMBIGUOUS", file=out)
