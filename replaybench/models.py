@@ -10,58 +10,31 @@ and named ``<base>@d<depth>w<width>`` (e.g. ``nemotron-3-super-120b-a12b@d0.5w2`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
-from typing import Union
 
 MiB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Mamba2Dims:
-    nheads: int
-    head_dim: int
-    d_state: int
-    n_groups: int
-    conv_kernel: int = 4
-
-    @property
-    def state_elems(self) -> int:
-        """Recurrent-state elements of one layer for one sequence (heads x P x N)."""
-        return self.nheads * self.head_dim * self.d_state
-
-    @property
-    def n_heads(self) -> int:
-        return self.nheads
-
-    def describe(self) -> str:
-        return (f"{self.nheads}h x P{self.head_dim}, N{self.d_state}, "
-                f"g{self.n_groups}")
+# The SSM op shapes are the kernel library's (replayssm.inputs.Mamba2Shape / GDNShape): a model
+# stores the field values of its op's shape and hands out the library's object as `ssm`
+# (imported on first use, so that listing models or validating a scenario never imports torch).
+SHAPE_FIELDS = {"mamba2": ("nheads", "head_dim", "d_state", "n_groups"),
+                "gdn": ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")}
 
 
-@dataclass(frozen=True)
-class GDNDims:
-    num_k_heads: int
-    num_v_heads: int
-    head_k_dim: int
-    head_v_dim: int
-    conv_kernel: int = 4
-
-    @property
-    def state_elems(self) -> int:
-        """Recurrent-state elements of one layer for one sequence (v heads x dk x dv)."""
-        return self.num_v_heads * self.head_k_dim * self.head_v_dim
-
-    @property
-    def n_heads(self) -> int:
-        return self.num_v_heads
-
-    def describe(self) -> str:
-        return (f"{self.num_k_heads}k/{self.num_v_heads}v heads, "
-                f"dk{self.head_k_dim} dv{self.head_v_dim}")
+def _shape(op: str, **dims) -> tuple[tuple[str, int], ...]:
+    if set(dims) != set(SHAPE_FIELDS[op]):
+        raise ValueError(f"{op} shape needs {', '.join(SHAPE_FIELDS[op])}, got {', '.join(dims)}")
+    return tuple((f, int(dims[f])) for f in SHAPE_FIELDS[op])
 
 
-SSMDims = Union[Mamba2Dims, GDNDims]
+@functools.lru_cache(maxsize=None)
+def op_shape(op: str, dims: tuple[tuple[str, int], ...]):
+    """The kernel library's shape object for an op ('mamba2' | 'gdn') and its field values."""
+    from replayssm.inputs import GDNShape, Mamba2Shape
+    return (Mamba2Shape if op == "mamba2" else GDNShape)(**dict(dims))
 
 
 @dataclass(frozen=True)
@@ -74,7 +47,7 @@ class HybridModel:
     n_ssm_layers: int
     n_attn_layers: int
     vocab: int
-    ssm: SSMDims
+    dims: tuple[tuple[str, int], ...]   # the op shape's fields (SHAPE_FIELDS[op]) and values
     attn_heads: int
     attn_kv_heads: int
     attn_head_dim: int
@@ -86,9 +59,28 @@ class HybridModel:
     depth: float = 1.0
     width: float = 1.0
 
+    @property
+    def ssm(self):
+        """The op's shape: replayssm.inputs.Mamba2Shape or GDNShape."""
+        return op_shape(self.op, self.dims)
+
+    @property
+    def state_elems(self) -> int:
+        """Recurrent-state elements of one SSM layer for one sequence (heads x rows x cols)."""
+        d = dict(self.dims)
+        if self.op == "mamba2":
+            return d["nheads"] * d["head_dim"] * d["d_state"]
+        return d["num_v_heads"] * d["head_k_dim"] * d["head_v_dim"]
+
+    def describe_ssm(self) -> str:
+        d = dict(self.dims)
+        if self.op == "mamba2":
+            return f"{d['nheads']}h x P{d['head_dim']}, N{d['d_state']}, g{d['n_groups']}"
+        return f"{d['num_k_heads']}k/{d['num_v_heads']}v heads, dk{d['head_k_dim']} dv{d['head_v_dim']}"
+
     def state_bytes_per_layer(self, dtype_bytes: float = 4) -> float:
         """Recurrent-state bytes of one SSM layer for one sequence."""
-        return self.ssm.state_elems * dtype_bytes
+        return self.state_elems * dtype_bytes
 
     def state_bytes_per_seq(self, dtype_bytes: float = 4) -> float:
         """Recurrent-state bytes of all SSM layers for one sequence."""
@@ -102,40 +94,40 @@ def _m(**kw) -> HybridModel:
 _BASE_MODELS: list[HybridModel] = [
     _m(name="nemotron-3-nano-4b", family="nemotron-3", op="mamba2",
        hidden=3136, n_layers=42, n_ssm_layers=21, n_attn_layers=4, vocab=131072,
-       ssm=Mamba2Dims(nheads=96, head_dim=80, d_state=128, n_groups=8),
+       dims=_shape("mamba2", nheads=96, head_dim=80, d_state=128, n_groups=8),
        attn_heads=40, attn_kv_heads=8, attn_head_dim=128, mtp_layers=0,
        pattern="M-M-M-MM-M-M*-M-M*-M-M-M*-M-M-MM*-MMM-M-M-",
        notes="NemotronHForCausalLM (dense), relu2 MLP 12544; state fp32"),
     _m(name="nemotron-3-super-120b-a12b", family="nemotron-3", op="mamba2",
        hidden=4096, n_layers=88, n_ssm_layers=40, n_attn_layers=8, vocab=131072,
-       ssm=Mamba2Dims(nheads=128, head_dim=64, d_state=128, n_groups=8),
+       dims=_shape("mamba2", nheads=128, head_dim=64, d_state=128, n_groups=8),
        attn_heads=32, attn_kv_heads=2, attn_head_dim=128, mtp_layers=1,
        pattern=("MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*"
                 "EMEMEMEMEM*EMEMEMEM*EMEMEMEME"),
        notes="latent MoE 512 experts top-22 + 1 shared, latent 1024; MTP; state fp32"),
     _m(name="qwen3.5-4b", family="qwen3.5", op="gdn",
        hidden=2560, n_layers=32, n_ssm_layers=24, n_attn_layers=8, vocab=248320,
-       ssm=GDNDims(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128),
+       dims=_shape("gdn", num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128),
        attn_heads=16, attn_kv_heads=4, attn_head_dim=256, mtp_layers=1,
        pattern=None,
        notes="3 GDN layers then 1 full-attention layer, repeated; MLP 9216; state fp32"),
     _m(name="qwen3.5-122b-a10b", family="qwen3.5", op="gdn",
        hidden=3072, n_layers=48, n_ssm_layers=36, n_attn_layers=12, vocab=248320,
-       ssm=GDNDims(num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128),
+       dims=_shape("gdn", num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128),
        attn_heads=32, attn_kv_heads=2, attn_head_dim=256, mtp_layers=1,
        pattern=None,
        notes="3 GDN + 1 attention, repeated; MoE 256 experts top-8 + 1 shared; "
              "architecture name (i); state fp32"),
     _m(name="nemotron-3-ultra-550b-a55b", family="nemotron-3", op="mamba2",
        hidden=8192, n_layers=108, n_ssm_layers=48, n_attn_layers=12, vocab=131072,
-       ssm=Mamba2Dims(nheads=256, head_dim=64, d_state=128, n_groups=8),
+       dims=_shape("mamba2", nheads=256, head_dim=64, d_state=128, n_groups=8),
        attn_heads=64, attn_kv_heads=2, attn_head_dim=128, mtp_layers=0,
        pattern=None,
        notes="MoE 512 experts top-22 + 1 shared, latent 2048; MTP layers not "
              "listed in MODELS.md (0 assumed)"),
     _m(name="nemotron-3-nano-30b-a3b", family="nemotron-3", op="mamba2",
        hidden=2688, n_layers=52, n_ssm_layers=23, n_attn_layers=6, vocab=131072,
-       ssm=Mamba2Dims(nheads=64, head_dim=64, d_state=128, n_groups=8),
+       dims=_shape("mamba2", nheads=64, head_dim=64, d_state=128, n_groups=8),
        attn_heads=32, attn_kv_heads=2, attn_head_dim=128, mtp_layers=0,
        pattern=None,
        notes="MoE 128 experts top-6 + 1 shared; MTP layers not listed in "
@@ -144,12 +136,12 @@ _BASE_MODELS: list[HybridModel] = [
     # Triton interpreter on a CPU-only machine.
     _m(name="tiny-mamba2", family="tiny", op="mamba2",
        hidden=64, n_layers=2, n_ssm_layers=2, n_attn_layers=0, vocab=256,
-       ssm=Mamba2Dims(nheads=4, head_dim=16, d_state=16, n_groups=2),
+       dims=_shape("mamba2", nheads=4, head_dim=16, d_state=16, n_groups=2),
        attn_heads=0, attn_kv_heads=0, attn_head_dim=0, mtp_layers=0,
        pattern="MM", notes="tiny CPU test model", tiny=True),
     _m(name="tiny-gdn", family="tiny", op="gdn",
        hidden=64, n_layers=2, n_ssm_layers=2, n_attn_layers=0, vocab=256,
-       ssm=GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16),
+       dims=_shape("gdn", num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16),
        attn_heads=0, attn_kv_heads=0, attn_head_dim=0, mtp_layers=0,
        pattern=None, notes="tiny CPU test model", tiny=True),
 ]
@@ -190,24 +182,24 @@ def scaled_model(base_name: str, depth: float = 1.0, width: float = 1.0) -> Hybr
     for what, f in (("depth", depth), ("width", width)):
         if not (isinstance(f, (int, float)) and f > 0):
             raise ValueError(f"scaled_model: {what} must be > 0, got {f!r}")
-    ssm = base.ssm
-    if isinstance(ssm, Mamba2Dims):
-        g = ssm.n_groups
-        nheads = max(g, int(round(ssm.nheads * width / g)) * g)
-        ssm = dataclasses.replace(ssm, nheads=nheads)
+    d = dict(base.dims)
+    if base.op == "mamba2":
+        g = d["n_groups"]
+        d["nheads"] = max(g, int(round(d["nheads"] * width / g)) * g)
     else:
-        ratio = ssm.num_v_heads // ssm.num_k_heads
-        if ratio * ssm.num_k_heads != ssm.num_v_heads:
+        ratio = d["num_v_heads"] // d["num_k_heads"]
+        if ratio * d["num_k_heads"] != d["num_v_heads"]:
             raise ValueError(f"{base.name}: num_v_heads not a multiple of num_k_heads")
-        nk = _scale_count(ssm.num_k_heads, width, 1)
-        ssm = dataclasses.replace(ssm, num_k_heads=nk, num_v_heads=nk * ratio)
+        nk = _scale_count(d["num_k_heads"], width, 1)
+        d["num_k_heads"], d["num_v_heads"] = nk, nk * ratio
+    dims = _shape(base.op, **d)
     n_ssm = _scale_count(base.n_ssm_layers, depth, 1)
     n_attn = _scale_count(base.n_attn_layers, depth, 0)
     n_layers = max(n_ssm + n_attn, _scale_count(base.n_layers, depth, 1))
     name = scaled_name(base.name, depth, width)
     return dataclasses.replace(
         base, name=name, n_layers=n_layers, n_ssm_layers=n_ssm, n_attn_layers=n_attn,
-        ssm=ssm, pattern=base.pattern if depth == 1 else None,
+        dims=dims, pattern=base.pattern if depth == 1 else None,
         notes=f"scaled from {base.name}: depth x{depth:g}, SSM heads x{width:g}",
         base=base.name, depth=float(depth), width=float(width))
 
@@ -254,7 +246,7 @@ def models_table(names: list[str] | None = None) -> str:
     for m in models:
         rows.append([
             m.name + (" (tiny)" if m.tiny else ""), m.op, str(m.hidden), str(m.n_layers),
-            str(m.n_ssm_layers), str(m.n_attn_layers), m.ssm.describe(),
+            str(m.n_ssm_layers), str(m.n_attn_layers), m.describe_ssm(),
             _fmt_bytes(m.state_bytes_per_layer(4)), _fmt_bytes(m.state_bytes_per_seq(4)),
             _fmt_bytes(m.state_bytes_per_seq(2)),
         ])

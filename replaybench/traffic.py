@@ -220,7 +220,7 @@ def spec_traffic(lb: LayerBytes, batch: int, flush_period: int, spec_window: int
 
 def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str, act_bytes: int = 2,
                     gate: bool = True) -> LayerBytes:
-    """LayerBytes from a model's SSM dims (replaybench.models.Mamba2Dims / GDNDims)."""
+    """LayerBytes from an op's shape (a model's ``ssm``: replayssm.inputs.Mamba2Shape / GDNShape)."""
     if op == "mamba2":
         return mamba2_layer_bytes(dims.nheads, dims.head_dim, dims.d_state, dims.n_groups, method, state_dtype,
                                   lo_dtype, act_bytes, gate)

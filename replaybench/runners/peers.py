@@ -224,7 +224,7 @@ def _dev_generator(device, gen):
 class VllmEagerLayer:
     """One SSM layer's decode step through vLLM's own kernel, as vLLM's layer calls it.
 
-    op 'mamba2' | 'gdn'; dims Mamba2Dims | GDNDims; state_dtype 'float32'|'bfloat16'|'float16'
+    op 'mamba2' | 'gdn'; dims replayssm.inputs.Mamba2Shape | GDNShape; state_dtype 'float32'|'bfloat16'|'float16'
     (vLLM's mamba_ssm_cache_dtype); act_dtype: the model dtype (activations, D, dt_bias, a/b).
     gdn_kernel: 'packed' (vLLM's default decode-only path) or 'sigmoid' (its mixed-batch path).
     gate (Mamba-2 only): pass z into the kernel (vLLM does not; for like-for-like with a

@@ -1,7 +1,8 @@
 import pytest
 
-from replaybench.models import (MODELS, GDNDims, Mamba2Dims, get_model, models_table,
-                                scaled_model)
+from replayssm.inputs import GDNShape, Mamba2Shape
+
+from replaybench.models import MODELS, get_model, models_table, scaled_model
 
 MiB = 1024 * 1024
 
@@ -22,8 +23,9 @@ def test_state_bytes_match_models_md(name, per_layer_mib, per_seq_mib):
 
 
 def test_study_model_facts():
+    """The one check of the model table's SSM dims against MODELS.md (the published configs)."""
     nano = get_model("nemotron-3-nano-4b")
-    assert nano.op == "mamba2" and isinstance(nano.ssm, Mamba2Dims)
+    assert nano.op == "mamba2" and isinstance(nano.ssm, Mamba2Shape)
     assert (nano.ssm.nheads, nano.ssm.head_dim, nano.ssm.d_state, nano.ssm.n_groups) == (96, 80, 128, 8)
     assert nano.pattern.count("M") == nano.n_ssm_layers == 21
     assert nano.pattern.count("*") == nano.n_attn_layers == 4
@@ -31,7 +33,7 @@ def test_study_model_facts():
     sup = get_model("nemotron-3-super-120b-a12b")
     assert sup.pattern.count("M") == 40 and sup.pattern.count("*") == 8 and len(sup.pattern) == 88
     q = get_model("qwen3.5-122b-a10b")
-    assert q.op == "gdn" and isinstance(q.ssm, GDNDims)
+    assert q.op == "gdn" and isinstance(q.ssm, GDNShape)
     assert (q.ssm.num_k_heads, q.ssm.num_v_heads, q.ssm.head_k_dim, q.ssm.head_v_dim) == (16, 64, 128, 128)
     assert q.n_ssm_layers + q.n_attn_layers == q.n_layers
 

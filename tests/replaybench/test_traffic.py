@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from replaybench import traffic as T
+from replaybench.models import get_model
 from replayssm import reference as R
 from replayssm.inputs import GDNShape, Mamba2Shape, gdn_step_inputs, mamba2_params, mamba2_step_inputs
 from replayssm.state import ByteCounter, GDNReplayState, Mamba2ReplayState
@@ -12,13 +13,14 @@ MiB = 1 << 20
 
 def test_mamba2_super120b_by_hand():
     # Nemotron-3-Super-120B: 128 heads x 64, state 128, 8 groups; fp32 state, bf16 activations, gated
-    lb = T.mamba2_layer_bytes(128, 64, 128, 8, "eager", "float32")
+    sup = get_model("nemotron-3-super-120b-a12b").ssm
+    lb = T.layer_bytes_for("mamba2", sup, "eager", "float32", "none")
     assert lb.state_hi == 4 * MiB
     io_in = 128 * 64 * 2 + 128 * 4 + 2 * 8 * 128 * 2 + 128 * 64 * 2      # x, dt, B+C, z = 37376
     assert lb.io_in == io_in == 37376 and lb.io_out == 16384
     eager = T.eager_traffic(lb, batch=1)
     assert eager.total_bytes == 2 * 4 * MiB + 37376 + 16384            # 8442368
-    rl = T.mamba2_layer_bytes(128, 64, 128, 8, "replay", "float32")
+    rl = T.layer_bytes_for("mamba2", sup, "replay", "float32", "none")
     assert rl.row == 128 * 64 * 2 + 8 * 128 * 2 + 128 * 4                 # x + B + dt = 18944
     rep = T.replay_traffic(rl, batch=1, flush_period=16)
     # read: state once per step + buffer rows 0..15 on average 7.5; write: state once per 16 steps
@@ -29,15 +31,16 @@ def test_mamba2_super120b_by_hand():
 
 def test_gdn_qwen122b_by_hand():
     # Qwen3.5-122B-A10B: 16 key heads, 64 value heads, dk = dv = 128
-    lb = T.gdn_layer_bytes(16, 64, 128, 128, "eager", "float32")
+    q122 = get_model("qwen3.5-122b-a10b").ssm
+    lb = T.layer_bytes_for("gdn", q122, "eager", "float32", "none")
     assert lb.state_hi == 4 * MiB
     assert lb.io_in == 2 * 16 * 128 * 2 + 64 * 128 * 2 + 2 * 64 * 4 == 25088
-    rl = T.gdn_layer_bytes(16, 64, 128, 128, "replay", "float32")
+    rl = T.layer_bytes_for("gdn", q122, "replay", "float32", "none")
     assert rl.row == 64 * 128 * 4 + 16 * 128 * 2 + 64 * 4 == 37120       # u fp32 + raw k + g
     rep = T.replay_traffic(rl, batch=256, flush_period=16)
     per_seq = 4 * MiB * (1 + 1 / 16) + 37120 * (7.5 + 15 / 16) + 25088 + 16384
     assert rep.total_bytes == pytest.approx(256 * per_seq)
-    dual = T.replay_traffic(T.gdn_layer_bytes(16, 64, 128, 128, "replay-dual", "float32", "bfloat16"), 1, 16)
+    dual = T.replay_traffic(T.layer_bytes_for("gdn", q122, "replay-dual", "float32", "bfloat16"), 1, 16)
     # dual: non-flush steps read the bf16 copy (2 MiB); flushes read+write fp32 and write bf16
     assert dual.parts["state_read"] == pytest.approx((15 * 2 * MiB + 4 * MiB) / 16)
     assert dual.parts["state_write"] == pytest.approx(6 * MiB / 16)

@@ -11,11 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from replaybench.models import GDNDims, Mamba2Dims
+from replayssm.inputs import GDNShape, Mamba2Shape
+
+from replaybench.models import get_model
 from replaybench.runners import peers as P
 
-M2 = Mamba2Dims(nheads=4, head_dim=8, d_state=16, n_groups=2)
-GD = GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8)
+M2 = Mamba2Shape(nheads=4, head_dim=8, d_state=16, n_groups=2)
+GD = GDNShape(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8)
 
 
 # ----------------------------------------------------------------------------- pure translation
@@ -283,7 +285,7 @@ def test_check_catches_a_wrong_state_layout(monkeypatch):
         return emu_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, st.contiguous(), out,
                                  ssm_state_indices, **kw)
     monkeypatch.setattr(P, "_kernels", lambda: dict(EMULATED, packed=wrong))
-    sq = GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8)
+    sq = GDNShape(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8)
     assert P.check_vllm_layer("gdn", sq, 3, "float32", "cpu") > 0.1
 
 
@@ -301,10 +303,10 @@ def test_run_skips_without_cuda():
 
 # ----------------------------------------------------------------------------- the real thing (GPU + vLLM)
 REAL_SHAPES = [
-    ("mamba2", Mamba2Dims(nheads=128, head_dim=64, d_state=128, n_groups=8)),    # Nemotron-3-Super-120B
+    ("mamba2", get_model("nemotron-3-super-120b-a12b").ssm),
     ("mamba2", M2),
-    ("gdn", GDNDims(num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128)),  # Qwen3.5-122B
-    ("gdn", GDNDims(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)),  # Qwen3.5-4B
+    ("gdn", get_model("qwen3.5-122b-a10b").ssm),
+    ("gdn", get_model("qwen3.5-4b").ssm),
 ]
 
 
