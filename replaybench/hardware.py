@@ -171,6 +171,30 @@ def versions() -> dict:
 
 # ----------------------------------------------------------------------------- ceilings
 
+def achieved_gbps(nbytes, median_us) -> float | None:
+    """Bytes per step / time per step in GB/s (1e9 bytes); None without a positive time or bytes."""
+    try:
+        b, t = float(nbytes), float(median_us)
+    except (TypeError, ValueError):
+        return None
+    if not (t > 0) or b != b:
+        return None
+    return b / t * 1e-3
+
+
+def pct_of_copy(gbps, ceilings: dict | None) -> float | None:
+    """An achieved bandwidth as % of the copy ceiling measured at the run's start (the one
+    definition of pct_copy_bw); None when either is unknown."""
+    try:
+        copy = float((ceilings or {}).get("copy_gbps"))
+        g = float(gbps)
+    except (TypeError, ValueError):
+        return None
+    if not (copy > 0) or g != g:
+        return None
+    return 100.0 * g / copy
+
+
 def _time_cpu(fn, reps: int, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .scenario import Case, Scenario
+from .hardware import achieved_gbps, pct_of_copy
 from .schema import CONTRACT_COLUMNS, IDENTITY_COLUMNS   # IDENTITY: the sweep's; a runner cannot override them
 from .store import RunStore, StoreError, default_run_id, fresh_run_id, git_info, now_iso, validate_run_id
 
@@ -113,26 +114,13 @@ def make_row(case: Case, metrics: dict | None, *, run_id: str, device_label: str
                spec_window=case.spec_window, state_dtype=case.state_dtype,
                lo_dtype=case.lo_dtype, device=device_label, torch_device=case.device,
                seed=case.seed, accept=getattr(case, "accept", "none"), status=status, error=error)
-    med, nbytes = _num(row.get("median_us")), _num(row.get("bytes_model"))
-    row["gbps"] = None
-    row["pct_copy_bw"] = None
-    if status == "ok" and med and med > 0 and nbytes is not None:
-        row["gbps"] = nbytes / med * 1e-3
-        copy = _num((ceilings or {}).get("copy_gbps"))
-        if copy:
-            row["pct_copy_bw"] = 100.0 * row["gbps"] / copy
+    ok = status == "ok"
+    row["gbps"] = achieved_gbps(row.get("bytes_model"), row.get("median_us")) if ok else None
+    row["pct_copy_bw"] = pct_of_copy(row["gbps"], ceilings) if row["gbps"] is not None else None
     row["wall_s"] = wall_s
     row["session"] = session
     row["finished"] = now_iso()
     return row
-
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f
 
 
 def _ncu_columns(case: Case, metrics: dict) -> dict:

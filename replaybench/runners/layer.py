@@ -24,6 +24,7 @@ import torch
 
 from replayssm.layers import decode_layer
 
+from ..hardware import achieved_gbps, pct_of_copy
 from ..methods import names
 from ..models import get_model
 from ..timing import measure
@@ -127,8 +128,7 @@ def run(case, ctx) -> dict:
     state_bytes = traffic.parts["state_read"] + traffic.parts["state_write"]
     total = ssm_bytes + nb["weights"] + nb["conv_state"] + nb["activations"]
     flops = traffic.flops + first.matmul_flops(case.batch)
-    copy = (ctx.ceilings or {}).get("copy_gbps")
-    ssm_gbps = ssm_bytes / ts.median_us * 1e-3 if ts.median_us else None
+    ssm_gbps = achieved_gbps(ssm_bytes, ts.median_us)
     return {
         **t.columns(),
         "ssm_us": ts.median_us, "ssm_iqr_us": ts.iqr_us, "ssm_samples": ts.samples, "ssm_discarded": ts.discarded,
@@ -141,7 +141,7 @@ def run(case, ctx) -> dict:
         "activation_bytes_model": nb["activations"],
         "ssm_bytes_share": ssm_bytes / total, "state_bytes_share": state_bytes / total,
         "flops_model": flops, "intensity": flops / total,
-        "ssm_gbps": ssm_gbps, "ssm_pct_copy_bw": 100.0 * ssm_gbps / copy if copy and ssm_gbps else None,
+        "ssm_gbps": ssm_gbps, "ssm_pct_copy_bw": pct_of_copy(ssm_gbps, ctx.ceilings) if ssm_gbps else None,
         "check_rel_err": check, "layers": nl, "ssm_layers": nl_ssm, "steps_per_sample": steps, "hidden": model.hidden,
         "conv_kernel": first.conv_kernel, "conv_state_bytes_per_seq": first.conv_state_bytes_per_seq(),
         "ssm_state_bytes_per_seq": first.ssm_state_bytes_per_seq(),

@@ -54,3 +54,10 @@ def test_every_timing_column_is_in_the_schema():
     from replaybench.timing import Timing
     t = Timing(median_us=1.0, iqr_us=0.1, samples=3, discarded=0, mean_us=1.0, min_us=0.9, raw_us=[1.0, 0.9, 1.1])
     assert set(t.columns()) <= set(schema.BY_NAME)
+
+
+def test_the_copy_ceiling_percentage_has_one_definition():
+    from replaybench.hardware import achieved_gbps, pct_of_copy
+    assert achieved_gbps(4000.0, 2.0) == 2.0 and achieved_gbps(1.0, 0) is None and achieved_gbps(None, 1) is None
+    assert pct_of_copy(2.0, {"copy_gbps": 4.0}) == 50.0
+    assert pct_of_copy(2.0, {}) is None and pct_of_copy(None, {"copy_gbps": 4.0}) is None
