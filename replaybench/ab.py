@@ -340,7 +340,7 @@ def _row(case, side: Side, t, info: dict, err: str | None, run_id: str) -> dict:
 def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "auto",
            threshold: float | None = None, alpha: float | None = None, strict: bool | None = None,
            markdown: str | None = None, results_dir: str = "results", inject=(), run_id: str | None = None,
-           out=None) -> int:
+           time_budget: float | None = None, out=None) -> int:
     """The A/B command; its exit code (0 pass, 1 NEW_REV regresses, 2 bad input)."""
     from . import stats as S
     from .check import compare, format_markdown, format_text, gate
@@ -355,6 +355,8 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
         print(f"replaybench check --revs: {msg}", file=sys.stderr)
         return 2
 
+    if time_budget is not None and time_budget <= 0:
+        return bad(f"--time-budget must be > 0, got {time_budget}")
     for f in inject:
         if not 0 <= f < 1:
             return bad(f"--inject must be in [0, 1) (0: one more plain NEW side, an A/A replica), got {f}")
@@ -415,6 +417,12 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
                 stores[s.name] = RunStore.create_or_resume(results_dir, f"{prefix}-{s.name}", man)
             t0 = time.perf_counter()
             for i, case in enumerate(measured):
+                if time_budget is not None and time.perf_counter() - t0 > time_budget:
+                    left = len(measured) - i
+                    print(f"time budget of {time_budget:g} s spent: {left} case(s) not measured", file=sys.stderr)
+                    skipped += measured[i:]
+                    measured = measured[:i]
+                    break
                 res = measure_case(case, sides, scen.timing, dev)
                 for s in sides:
                     t, inf, err = res[s.name]
@@ -445,7 +453,9 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
     notes = [f"BASE `{base_rev}` {_short(pb)}, NEW `{new_rev}` {_short(pn)}"
              + (" — the same kernels (A/A)" if same_rev else ""),
              f"{info.get('name')}, scenario `{scen.name}`: {len(measured)} case(s) measured interleaved "
-             f"(rotating rounds) in {wall:.0f} s" + (f"; {len(skipped)} case(s) not measurable by A/B" if skipped else ""),
+             f"(rotating rounds) in {wall:.0f} s"
+             + (f"; {len(skipped)} case(s) not measured (not A/B-measurable, or past --time-budget)"
+                if skipped else ""),
              f"threshold {thr:.1%}, alpha {a:g}{', strict' if st else ''}; rows: `{results_dir}/{prefix}-base`, "
              f"`{results_dir}/{prefix}-new`"]
     md = [format_markdown(res, "replaybench A/B", notes)]

@@ -318,6 +318,8 @@ def add_arguments(c) -> None:
                         "of each case's modelled bytes in the same CUDA graph (repeatable: 0.03, 0.05; "
                         "0 = one more plain NEW side, an A/A replica)")
     c.add_argument("--run-id", help="--revs: prefix of the run ids written (default: ab-<scenario>-<time>)")
+    c.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="--revs: start no new case after this many seconds of measuring; judge what was measured")
 
 
 def cmd(args) -> int:
@@ -335,7 +337,7 @@ def cmd(args) -> int:
         from .ab import run_ab
         return run_ab(*args.revs, device=args.device, threshold=args.threshold, alpha=args.alpha,
                       strict=args.strict, markdown=args.markdown, results_dir=args.results_dir,
-                      inject=args.inject, run_id=args.run_id)
+                      inject=args.inject, run_id=args.run_id, time_budget=args.time_budget)
     if args.inject:
         return usage("--inject needs --revs")
     if not (args.base and args.new):

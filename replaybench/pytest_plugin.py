@@ -83,7 +83,8 @@ class GpuBenchmark:
                 torch.cuda.synchronize()
         scratch = None
         if flush_l2:
-            l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or (64 << 20)
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            l2 = getattr(props, "L2_cache_size", 0) or (64 << 20)
             scratch = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
         run()
         torch.cuda.synchronize()
