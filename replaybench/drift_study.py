@@ -305,6 +305,11 @@ class _Graphed:
         return self.out
 
 
+def use_graph(backend: str, device) -> bool:
+    """Replay steps as CUDA graphs: the Triton kernels on a GPU (the reference syncs with the host)."""
+    return backend == "triton" and torch.device(device).type == "cuda"
+
+
 class Stepper:
     """step(x) of a decoder built by make(): on a GPU with the Triton backend, one step captured
     in a CUDA graph and replayed (the per-step launch overhead of thousands of steps is most of
@@ -313,11 +318,11 @@ class Stepper:
     twin, which holds the same state, takes over. `dec` is the decoder whose state is current;
     `graphed` says which ran."""
 
-    def __init__(self, make, example, backend: str, device, warm_steps: int = 17):
+    def __init__(self, make, example, use_graph: bool, warm_steps: int = 17):
         self.graphed = False
         self.twin = None
         self.t = 0
-        if backend != "triton" or not torch.device(device).type == "cuda":
+        if not use_graph:
             self.dec = make()
             self.step = self.dec.step
             return
@@ -331,7 +336,8 @@ class Stepper:
             self.twin = make()
             self.graphed = True
         except Exception:   # noqa: BLE001 - capture is an optimisation; the eager step is the method
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             self.dec = make()
             self.step = self.dec.step
             self.twin = None
@@ -388,7 +394,7 @@ def op_drift(op: str, dims, method: str, state_dtype: str, lo_dtype: str, batch:
                          buffer_len, flush_period)
 
     example, _ = InputStream(op, dims, batch, params, device, seed + 1).next()
-    stepper = Stepper(make, example, backend, device)
+    stepper = Stepper(make, example, use_graph(backend, device))
     stream = InputStream(op, dims, batch, params, device, seed)
     need = window_steps(ref.points, window)
     errs: dict[int, torch.Tensor] = {}
@@ -508,7 +514,7 @@ def stack_drift(model, method: str, state_dtype: str, lo_dtype: str, batch: int,
                      buffer_len=buffer_len, flush_period=flush_period)
 
     toks = _tokens(batch, stack_dims(model)[1], n, device, seed)
-    stepper = Stepper(make, toks[0], backend, device)
+    stepper = Stepper(make, toks[0], use_graph(backend, device))
     need = window_steps(ref.points, window)
     kls, agree = {}, {}
     out = []

@@ -195,3 +195,35 @@ def test_scenarios_parse():
     assert {c.backend for c in gpu.cases} == {"triton"} and {c.batch for c in gpu.cases} == {64}
     labels = {D.config_label(c.method, c.state_dtype, c.lo_dtype) for c in gpu.cases}
     assert labels == {D.config_label(*cfg) for cfg in D.CONFIGS}
+
+
+class _Replay:
+    """Stands in for a captured step on the CPU: the decoder's own step, optionally wrong
+    from call `bad` on (what a graph that froze a host-side decision would do)."""
+    bad = None
+
+    def __init__(self, dec, example):
+        self.dec, self.calls = dec, 0
+
+    def __call__(self, x):
+        self.calls += 1
+        y = self.dec.step(x)
+        return y * 1.5 if self.bad is not None and self.calls >= self.bad else y
+
+
+@pytest.mark.parametrize("bad", [None, 17, D.GRAPH_CHECK_STEPS])
+def test_graph_replay_is_checked_against_an_eager_twin(monkeypatch, bad):
+    """A replay that differs from the eager twin within the check steps hands over to the twin
+    (whose state is the decode's); one that agrees runs alone after them."""
+    monkeypatch.setattr(D, "_Graphed", type("R", (_Replay,), {"bad": bad}))
+    p = D.decay_params("mamba2", 4)
+    make = lambda: D.OpDecoder("mamba2", M2, "replay-dual", "float32", "bfloat16", 2, p, "reference", "cpu")  # noqa: E731
+    stream = D.InputStream("mamba2", M2, 2, p, "cpu", seed=5)
+    ref = make()
+    st = D.Stepper(make, stream.next()[0], use_graph=True, warm_steps=2)
+    assert st.graphed and st.twin is not None
+    for _ in range(32):
+        x, _ = stream.next()
+        assert torch.equal(st(x), ref.step(x))
+    assert st.twin is None and st.graphed == (bad is None)
+    assert torch.equal(st.dec.state(), ref.state()) and torch.equal(st.dec.lo_state(), ref.lo_state())
