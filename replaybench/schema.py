@@ -106,6 +106,32 @@ COLUMNS: tuple[Column, ...] = (
     _C("state_cols", "int", "runner", "columns of one head's state matrix"),
     _C("dram_bytes", "float", "runner", "DRAM bytes per step measured by Nsight Compute (sweep --ncu)"),
     _C("dram_vs_model", "float", "runner", "dram_bytes / bytes_model"),
+    # drift runner (replaybench.runners.drift, docs/drift.md): values at the last measurement step
+    _C("config", "str", "runner", "drift: the state-precision configuration ('eager bf16', 'dual fp32+fp8', ...)"),
+    _C("steps", "int", "runner", "drift: decode steps of the case"),
+    _C("step", "int", "runner", "drift: the last measurement step (the flat drift columns are its values)"),
+    _C("rel_err", "float", "runner", "drift: per-step relative output error vs fp64, median over sequences, "
+       "heads and the window's steps"),
+    _C("rel_err_p99", "float", "runner", "drift: the same, p99"),
+    _C("state_rel_err", "float", "runner", "drift: relative error of the carried state (replay: the high "
+       "checkpoint) at the last flush, median over sequences and heads"),
+    _C("state_rel_err_p99", "float", "runner", "drift: the same, p99"),
+    _C("kl", "float", "runner", "drift: KL(p_fp64 || p) of the stack's next-token distribution, mean over "
+       "sequences and the window's steps [nats]"),
+    _C("kl_p99", "float", "runner", "drift: the same, p99 [nats]"),
+    _C("top1", "float", "runner", "drift: fraction of next-token argmaxes equal to fp64's"),
+    _C("drift_series", "str", "runner", "drift: every measurement step's values (JSON list of records; "
+       "replaybench.report_drift.drift_long expands it)"),
+    _C("window", "int", "runner", "drift: steps pooled at each measurement step"),
+    _C("ref_entropy", "float", "runner", "drift: mean entropy of the fp64 stack's next-token distribution [nats]"),
+    _C("stack_layers", "int", "runner", "drift: decode layers in the stack"),
+    _C("stack_hidden", "int", "runner", "drift: the stack's hidden size"),
+    _C("stack_vocab", "int", "runner", "drift: the stack's vocabulary"),
+    _C("memory_min_steps", "float", "runner", "drift: shortest head memory 1 / (|A| dt0) [steps]"),
+    _C("memory_median_steps", "float", "runner", "drift: median head memory [steps]"),
+    _C("memory_max_steps", "float", "runner", "drift: longest head memory [steps]"),
+    _C("graphed", "bool", "runner", "drift: the op's steps ran as CUDA-graph replays (checked against eager)"),
+    _C("stack_graphed", "bool", "runner", "drift: the stack's steps ran as CUDA-graph replays"),
 )
 
 BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}

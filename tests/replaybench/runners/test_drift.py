@@ -157,6 +157,8 @@ def test_runner_row_and_series():
     assert row["rel_err"] == series[-1]["out_med"] and row["kl"] == series[-1]["kl_mean"]
     assert row["state_rel_err"] < 1e-5                 # the float32 high checkpoint
     assert row["memory_max_steps"] > row["memory_min_steps"] > 0
+    from replaybench import schema
+    assert set(row) <= set(schema.BY_NAME)             # every column is described in the row schema
 
 
 def test_runner_skips_what_it_does_not_measure():
