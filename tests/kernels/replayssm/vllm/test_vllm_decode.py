@@ -128,3 +128,15 @@ def test_gdn_gates_match_vllm_formula():
     g, beta = decode.gdn_gates(A_log, a, b, dt_bias)
     torch.testing.assert_close(g, -A_log.exp() * torch.log1p(torch.exp(a + dt_bias)))
     torch.testing.assert_close(beta, torch.sigmoid(b))
+
+
+def test_entry_point_declared():
+    """vLLM finds the plugin through this entry point (group vllm.general_plugins)."""
+    import tomllib
+    from pathlib import Path
+
+    import replayssm.vllm
+    root = Path(__file__).resolve().parents[4]
+    ep = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["vllm.general_plugins"]
+    assert ep == {"replayssm": "replayssm.vllm:register"}
+    assert callable(replayssm.vllm.register)
