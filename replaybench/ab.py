@@ -92,8 +92,23 @@ def export_kernels(rev: str, dest: Path) -> tuple[Path, dict]:
 
 # ----------------------------------------------------------------------------- worker side
 
-def _worker(device: str) -> int:
+def _foreign_modules(kernels: Path) -> list[str]:
+    """replayssm modules loaded from outside `kernels` (an editable install's finder would
+    otherwise supply a module the revision lacks from this checkout)."""
+    out = []
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if name.split(".")[0] == "replayssm" and f and kernels not in Path(f).resolve().parents:
+            out.append(f"{name} ({f})")
+    return out
+
+
+def _worker(device: str, kernels: str) -> int:
     """The worker loop: JSON commands on stdin, one JSON reply a line on stdout."""
+    kdir = Path(kernels).resolve()
+    # only this revision's kernels: no meta-path finder of an editable install may fill in a
+    # replayssm module the revision does not have
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in str(getattr(f, "__module__", "")).lower()]
     # the protocol gets its own copy of fd 1; fd 1 itself (Python and C-level prints, e.g. a
     # compiler's) now goes to stderr, so nothing else can land between two replies
     proto = os.fdopen(os.dup(1), "w")
@@ -148,6 +163,9 @@ def _worker(device: str) -> int:
                 fn()
             run = fn
         st.update(run=run, fn=fn, extra=extra)
+        foreign = _foreign_modules(kdir)
+        if foreign:
+            raise ImportError(f"kernel modules from outside {kdir}: {', '.join(foreign)}")
         inj_bytes = 0 if extra is None else extra.numel() * 4
         return {"ok": True, "per": per, "bytes_model": step_bytes, "layers": nl, "steps": steps,
                 "inject_bytes_per_sample": inj_bytes,
@@ -180,6 +198,9 @@ def _worker(device: str) -> int:
         return {"ok": True}
 
     handlers = {"setup": setup, "measure": measure, "release": release}
+    foreign = _foreign_modules(kdir)
+    if foreign:
+        raise SystemExit(f"replaybench.ab worker: kernel modules from outside {kdir}: {', '.join(foreign)}")
     reply({"ok": True, "replayssm": str(Path(replayssm.__file__).resolve()), "pid": os.getpid(),
            "torch": torch.__version__})
     for line in sys.stdin:
@@ -214,7 +235,8 @@ class Worker:
         env = dict(os.environ)
         paths = [str(self.kernels), str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)
-        self.proc = subprocess.Popen([sys.executable, "-m", "replaybench.ab", "--worker", self.device],
+        self.proc = subprocess.Popen([sys.executable, "-m", "replaybench.ab", "--worker", self.device,
+                                      str(self.kernels)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      cwd=str(REPO_ROOT))
         if wait:
@@ -344,9 +366,8 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
     """The A/B command; its exit code (0 pass, 1 NEW_REV regresses, 2 bad input)."""
     from . import stats as S
     from .check import compare, format_markdown, format_text, gate
-    from .cli import locate
     from .hardware import device_info
-    from .scenario import ScenarioError, load_scenario
+    from .scenario import ScenarioError, load_scenario, locate
     from .store import RunStore, StoreError, now_iso
     from .sweep import setup_device_env
     out = out or sys.stdout
@@ -450,6 +471,16 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
     table = compare(dfs["base"], dfs["new"], thr, a, cfg_check, st)
     res = gate(table, dfs["base"], dfs["new"])
     format_text(res, header, out)
+    base_err = dfs["base"][dfs["base"]["status"] == "error"]
+    for _, r in base_err.iterrows():
+        print(f"BASE ERROR  {r['case_id']}: {r['error']}", file=out)
+    if res.compared == 0:            # nothing measured on both sides: no verdict to give
+        print("replaybench check --revs: no case was measured on both sides (see the errors above)",
+              file=sys.stderr)
+        if markdown:
+            Path(markdown).write_text(format_markdown(res, "replaybench A/B", ["no case was measured on both sides"]),
+                                      encoding="utf-8")
+        return 2
     notes = [f"BASE `{base_rev}` {_short(pb)}, NEW `{new_rev}` {_short(pn)}"
              + (" — the same kernels (A/A)" if same_rev else ""),
              f"{info.get('name')}, scenario `{scen.name}`: {len(measured)} case(s) measured interleaved "
@@ -548,6 +579,6 @@ def _short(p: dict) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "--worker":
-        sys.exit(_worker(sys.argv[2] if len(sys.argv) > 2 else "cpu"))
+        sys.exit(_worker(sys.argv[2], sys.argv[3]))
     print("usage: replaybench check --revs BASE_REV NEW_REV SCENARIO", file=sys.stderr)
     sys.exit(2)

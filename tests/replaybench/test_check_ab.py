@@ -88,6 +88,11 @@ def test_ab_bad_input(tmp_path):
     assert r.returncode == 2 and "not both" in r.stderr
     r = run(tmp_path, "--revs", WORKTREE, WORKTREE, str(scen), "--inject", "2")
     assert r.returncode == 2 and "--inject" in r.stderr
+    broken = tmp_path / "broken" / "replayssm"          # kernels the suite cannot run: no verdict
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("")
+    r = run(tmp_path, "--revs", str(broken.parent), WORKTREE, str(scen), "--device", "cpu")
+    assert r.returncode == 2 and "side base" in r.stderr
 
 
 def test_validation_rates():
