@@ -37,7 +37,6 @@ def _buffered_route_in_kernel_tests(request, monkeypatch):
             request.node.get_closest_marker("shipped_routes"):
         yield
         return
-    from replayssm.triton import gdn, mamba2
-    monkeypatch.setattr(gdn, "SMALL_BATCH_ROUTE", False)
+    from replayssm.triton import mamba2    # GDN tests pass GDNOptions(small_batch_route=False) explicitly
     monkeypatch.setattr(mamba2, "SMALL_BATCH_ROUTE", False)
     yield

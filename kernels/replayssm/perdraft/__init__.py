@@ -13,32 +13,34 @@ Per request and round: one state read and T state writes, and 1 + T states of me
 ReplaySSM's one checkpoint read (no state write) and one checkpoint plus an input buffer.
 
     mamba2_verify(states [S,H,P,N], slot_table, start, x [b,T,H,P], dt [b,T,H], A, B/C [b,T,G,N],
-                  D, dt_bias, z=None, *, backend, out=None, counter=None, config=None) -> y [b,T,H,P]
+                  D, dt_bias, z=None, *, backend, out=None, counter=None, options=None) -> y [b,T,H,P]
     gdn_verify(states [S,Hv,dv,dk], slot_table, start, q/k [b,T,Hk,dk], v [b,T,Hv,dv],
                g/beta [b,T,Hv], scale=None, *, backend, ...) -> o [b,T,Hv,dv]
     advance(start, accepted, T)         the commit (in place, on the device)
     slot_table(idx, T)                  [b, 1 + T] table: row i owns slots i*(1+T) .. i*(1+T)+T
 
 A row whose start slot is negative is padding (output 0, no state read or written); a negative
-destination slot is skipped. backend="triton" (replayssm.triton.perdraft; CUDA-graph capturable:
-fixed grid, start and slot table read on the device) or "reference" (replayssm.reference).
-A ByteCounter (counter=) reads the table on the host: not while capturing.
+destination slot is skipped. backend="triton" (kernels.py, planned by plan.py from table.py;
+CUDA-graph capturable: fixed grid, start and slot table read on the device) or "reference"
+(replayssm.reference). options (triton): a PerdraftOptions (launch-table overrides). A
+ByteCounter (counter=) reads the table on the host: not while capturing.
 """
 from __future__ import annotations
 
 import torch
 
-from . import reference as ref
-from .common.backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
-from .state import ByteCounter
+import importlib
 
+from .. import reference as ref
+from ..common.backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
+from ..state import ByteCounter
+from .options import PerdraftOptions
 
+__all__ = ["slot_table", "advance", "mamba2_verify", "gdn_verify", "PerdraftOptions"]
 
 
 def _tk():
-    from .triton import perdraft as tk   # lazily: TRITON_INTERPRET set by the caller first still applies
-    return tk
-
+    return importlib.import_module(".plan", __name__)   # lazily: TRITON_INTERPRET set by the caller first applies
 
 
 def slot_table(idx: torch.Tensor, T: int, base: int = 0) -> torch.Tensor:
@@ -64,7 +66,7 @@ def _count(counter, states, slot_table, start, io_read, io_write) -> None:
 
 
 def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, *, backend: str = "triton",
-                  out=None, counter: ByteCounter | None = None, config=None) -> torch.Tensor:
+                  out=None, counter: ByteCounter | None = None, options=None) -> torch.Tensor:
     """Per-draft verification of T tokens (Mamba-2); see the module docstring."""
     check_backend(backend)
     if backend == "reference":
@@ -72,15 +74,15 @@ def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None,
                                                      counter))
     if counter is not None:
         _count(counter, states, slot_table, start, ref._mamba2_io_bytes(x, dt, B, C, z), x[0].numel() * x.element_size())
-    return _tk().verify_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z, out, config)
+    return _tk().verify_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z, out, options)
 
 
 def gdn_verify(states, slot_table, start, q, k, v, g, beta, scale=None, *, backend: str = "triton", out=None,
-               counter: ByteCounter | None = None, config=None) -> torch.Tensor:
+               counter: ByteCounter | None = None, options=None) -> torch.Tensor:
     """Per-draft verification of T tokens (GDN); see the module docstring."""
     check_backend(backend)
     if backend == "reference":
         return into(out, ref.gdn_verify_perdraft(states, slot_table, start, q, k, v, g, beta, scale, counter))
     if counter is not None:
         _count(counter, states, slot_table, start, ref._gdn_io_bytes(q, k, v, g, beta), v[0].numel() * v.element_size())
-    return _tk().verify_gdn(states, slot_table, start, q, k, v, g, beta, scale, out, config)
+    return _tk().verify_gdn(states, slot_table, start, q, k, v, g, beta, scale, out, options)

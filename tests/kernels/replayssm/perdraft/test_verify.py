@@ -117,7 +117,7 @@ def test_null_destination_is_skipped():
     assert torch.equal(sk[2], init[2])
 
 
-def test_launch_config_override_and_errors():
+def test_launch_table_override_and_errors():
     g = torch.Generator().manual_seed(4)
     T = 2
     tbl = PD.slot_table(torch.arange(2, dtype=torch.int32, device=DEV), T)
@@ -125,7 +125,8 @@ def test_launch_config_override_and_errors():
     init = I.random_state(2 * (T + 1), *_geom("gdn", GD), gen=g).to(DEV)
     inp = _inputs("gdn", GD, 2, T, torch.float32, g)
     sk, sr = init.clone(), init.clone()
-    yk = PD.gdn_verify(sk, tbl, start, **inp, config={"BLOCK_R": 2, "num_warps": 1})   # 3 row tiles of dv=5
+    opt = PD.PerdraftOptions().override("gdn", BLOCK_R=2, num_warps=1)     # 3 row tiles of dv=5
+    yk = PD.gdn_verify(sk, tbl, start, **inp, options=opt)
     yr = PD.gdn_verify(sr, tbl, start, **inp, backend="reference")
     assert rel_err(yk, yr) <= TOL_F32 and rel_err(sk, sr) <= TOL_F32
     with pytest.raises(ValueError, match="slot_table"):
@@ -202,7 +203,7 @@ def test_cuda_graph_rounds(family):
 _OFFLINE = r"""
 import json, torch
 from replayssm import inputs as I
-from replayssm.triton import perdraft as tk
+from replayssm.perdraft import plan as tk
 dev, b = "meta", 256
 m2, gd = I.Mamba2Shape(96, 80, 128, 8), I.GDNShape(16, 64, 128, 128)   # Nemotron-3-Nano-4B, Qwen3.5-122B
 p = {k: v.to(dev) for k, v in I.mamba2_params(m2).items()}

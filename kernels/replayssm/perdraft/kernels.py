@@ -1,4 +1,4 @@
-"""Triton kernels for the per-draft speculative baseline (vLLM's speculative path).
+"""Triton kernels of the per-draft speculative baseline (vLLM's speculative path).
 
 Semantics: replayssm.reference.mamba2_verify_perdraft / gdn_verify_perdraft. A request owns
 1 + T state slots (one row of a slot table [b, 1 + T], int32); start[b] (a device tensor,
@@ -19,48 +19,15 @@ stride (else copied); states need a unit last stride and are addressed through t
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-from ..reference import L2_EPS
 from ..common.jit import cast, silu, softplus
-from ..common.launch import Launch, last_contig, out_like
-from ..common.offline import compile_launch
-
-# Launch table: rows (max_batch, rows per program, num_warps); the first row with batch <=
-# max_batch wins (None: any). Rows per program is clamped to next_pow2(P or dv). A program's
-# fp32 tile is rows x next_pow2(cols) (16 x 128 = 8 KiB: 16 registers per thread at 4 warps);
-# the eager kernels' tiles, since per token the work is the eager step's.
-CONFIGS: dict[str, list[tuple[int | None, int, int]]] = {
-    "mamba2": [(None, 16, 4)],
-    "gdn": [(4, 8, 1), (64, 16, 2), (None, 32, 4)],
-}
-
-
-def pick_config(family: str, batch: int, rows: int, override: dict | None = None) -> dict:
-    """{BLOCK_R, num_warps} for a family at this batch (override: tuning)."""
-    for max_b, br, nw in CONFIGS[family]:
-        if max_b is None or batch <= max_b:
-            break
-    cfg = {"BLOCK_R": br, "num_warps": nw}
-    if override:
-        cfg.update(override)
-    cfg["BLOCK_R"] = min(cfg["BLOCK_R"], triton.next_power_of_2(rows))
-    return cfg
-
-
-def interpreting() -> bool:
-    try:
-        return bool(triton.knobs.runtime.interpret)
-    except AttributeError:  # older triton without knobs
-        return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 # ----------------------------------------------------------------------------- Mamba-2
 @triton.jit
-def _mamba2_perdraft_kernel(
+def mamba2_perdraft_kernel(
     st_ptr, tbl_ptr, start_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr,
     P, N, HPG,
     s_st_s, s_st_h, s_st_p, s_tbl_b,
@@ -108,7 +75,7 @@ def _mamba2_perdraft_kernel(
 
 # ----------------------------------------------------------------------------- GDN
 @triton.jit
-def _gdn_perdraft_kernel(
+def gdn_perdraft_kernel(
     st_ptr, tbl_ptr, start_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
     s_st_s, s_st_h, s_st_v, s_tbl_b,
     s_q_b, s_q_t, s_q_h, s_k_b, s_k_t, s_k_h, s_v_b, s_v_t, s_v_h,
@@ -153,86 +120,3 @@ def _gdn_perdraft_kernel(
                  mask=mask & (dst >= 0))
         o = alpha * sq + u * tl.sum(kn * qn, 0)
         tl.store(o_ptr + b * s_o_b + t * s_o_t + h * s_o_h + rows, cast(o, o_ptr.dtype.element_ty, EXACT), mask=in_v)
-
-
-# ----------------------------------------------------------------------------- launchers
-def _check(states, slot_table, start, batch, T):
-    if states.stride(-1) != 1:
-        raise ValueError("states need a unit stride in their last dim")
-    if slot_table.shape != (batch, T + 1) or slot_table.stride(1) != 1:
-        raise ValueError(f"slot_table must be [batch, 1 + T] = [{batch}, {T + 1}] with a unit last stride, "
-                         f"got {tuple(slot_table.shape)}")
-    if start.shape != (batch,) or not start.is_contiguous():
-        raise ValueError(f"start must be a contiguous [{batch}] tensor")
-
-
-def plan_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, out=None, config=None):
-    """([launch], y) of mamba2 per-draft verification (see verify_mamba2)."""
-    x, dt, B, C, z, A, D, dt_bias = (last_contig(t) for t in (x, dt, B, C, z, A, D, dt_bias))
-    bsz, T, H, P = x.shape
-    G, N = B.shape[2], B.shape[3]
-    _check(states, slot_table, start, bsz, T)
-    y = out_like(out, x)
-    if bsz == 0 or T == 0:
-        return [], y
-    cfg = pick_config("mamba2", bsz, P, config)
-    zz = z if z is not None else x
-    grid = (triton.cdiv(P, cfg["BLOCK_R"]), H, bsz)
-    launch = Launch(_mamba2_perdraft_kernel, grid, (
-        states, slot_table, start, x, dt, A, B, C, D, dt_bias, zz, y,
-        P, N, H // G,
-        states.stride(0), states.stride(1), states.stride(2), slot_table.stride(0),
-        x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),
-        B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
-        zz.stride(0), zz.stride(1), zz.stride(2), y.stride(0), y.stride(1), y.stride(2)),
-        dict(T=T, BLOCK_P=cfg["BLOCK_R"], BLOCK_N=triton.next_power_of_2(N), HAS_Z=z is not None,
-             EXACT=interpreting(), num_warps=cfg["num_warps"]))
-    return [launch], y
-
-
-def verify_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, out=None, config=None):
-    """Launch mamba2 per-draft verification; returns y [b, T, H, P] (padded rows: 0)."""
-    launches, y = plan_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z, out, config)
-    for launch in launches:
-        launch()
-    return y
-
-
-def plan_gdn(states, slot_table, start, q, k, v, g, beta, scale=None, out=None, config=None):
-    """([launch], o) of GDN per-draft verification (see verify_gdn)."""
-    q, k, v, g, beta = (last_contig(t) for t in (q, k, v, g, beta))
-    bsz, T, Hv, dv = v.shape
-    Hk, dk = q.shape[2], q.shape[3]
-    if Hv % Hk:
-        raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
-    _check(states, slot_table, start, bsz, T)
-    o = out_like(out, v)
-    if bsz == 0 or T == 0:
-        return [], o
-    scale = dk ** -0.5 if scale is None else float(scale)
-    cfg = pick_config("gdn", bsz, dv, config)
-    grid = (triton.cdiv(dv, cfg["BLOCK_R"]), Hv, bsz)
-    launch = Launch(_gdn_perdraft_kernel, grid, (
-        states, slot_table, start, q, k, v, g, beta, o,
-        states.stride(0), states.stride(1), states.stride(2), slot_table.stride(0),
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        o.stride(0), o.stride(1), o.stride(2), scale),
-        dict(HV=Hv, HK=Hk, DK=dk, DV=dv, T=T, BLOCK_V=cfg["BLOCK_R"], BLOCK_K=triton.next_power_of_2(dk),
-             EXACT=interpreting(), EPS=L2_EPS, num_warps=cfg["num_warps"]))
-    return [launch], o
-
-
-def verify_gdn(states, slot_table, start, q, k, v, g, beta, scale=None, out=None, config=None):
-    """Launch GDN per-draft verification; returns o [b, T, Hv, dv] (padded rows: 0)."""
-    launches, o = plan_gdn(states, slot_table, start, q, k, v, g, beta, scale, out, config)
-    for launch in launches:
-        launch()
-    return o
-
-
-def compile_offline(launch: Launch, arch: int = 90, asm: bool = False) -> dict:
-    """A recorded launch compiled for CUDA sm_<arch> without a GPU: offline.compile_launch's
-    resource use ('regs', 'spill_stores', 'spill_loads', 'stack', ...; 'asm' with asm=True; EXACT compiled
-    as False). Plans may be built from tensors on the 'meta' device."""
-    return compile_launch(launch.kernel, launch.args, launch.meta, arch, asm)
