@@ -244,14 +244,14 @@ class Worker:
 
     def ready(self) -> None:
         """Wait for the worker's hello and check which kernels it imported."""
-        hello = self._read()
+        hello = self.read()
         got = Path(hello.get("replayssm", "")).resolve()
         if self.kernels.resolve() not in got.parents:
             self.close()
             raise ABError(f"side {self.name}: imported replayssm from {got}, not from {self.kernels} "
                           f"(something shadows PYTHONPATH)")
 
-    def _read(self) -> dict:
+    def read(self) -> dict:
         while True:
             line = self.proc.stdout.readline()
             if not line:
@@ -261,13 +261,16 @@ class Worker:
             except json.JSONDecodeError:        # not a reply: pass it on
                 print(line, end="", file=sys.stderr)
 
-    def call(self, **msg) -> dict:
+    def send(self, **msg) -> None:
         try:
             self.proc.stdin.write(json.dumps(msg) + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise WorkerDied(f"side {self.name}: worker is gone") from None
-        return self._read()
+
+    def call(self, **msg) -> dict:
+        self.send(**msg)
+        return self.read()
 
     def close(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -299,12 +302,9 @@ def measure_case(case, sides: list[Side], cfg, device: str) -> dict:
     out: dict = {}
     live = []
     cdict = dataclasses.asdict(case)
+    replies = _all(sides, cmd="setup", case=cdict, timing=cfg.to_dict())   # set-ups run side by side
     for s in sides:
-        try:
-            r = s.worker.call(cmd="setup", case=cdict, timing=cfg.to_dict(), inject=s.inject)
-        except WorkerDied as e:
-            s.worker.start()
-            r = {"ok": False, "error": str(e)}
+        r = replies[s.name]
         if r.get("ok"):
             live.append(s)
             out[s.name] = [None, r, None]
@@ -338,11 +338,29 @@ def measure_case(case, sides: list[Side], cfg, device: str) -> dict:
                 out[s.name][0] = accs[s.name].summary(info["per"])
             except RuntimeError as ex:          # every batch throttled
                 out[s.name][2] = str(ex)
-        try:
-            s.worker.call(cmd="release")
-        except WorkerDied:
-            s.worker.start()
+    _all(sides, cmd="release")
     return {k: tuple(v) for k, v in out.items()}
+
+
+def _all(sides: list[Side], **msg) -> dict:
+    """Send `msg` to every side's worker at once (each with its own inject), then collect the
+    replies; a worker that died is restarted and its reply is an error."""
+    sent, replies = [], {}
+    for s in sides:
+        try:
+            s.worker.send(**msg, inject=s.inject)
+            sent.append(s)
+        except WorkerDied as e:
+            replies[s.name] = {"ok": False, "error": str(e)}
+    for s in sent:
+        try:
+            replies[s.name] = s.worker.read()
+        except WorkerDied as e:
+            replies[s.name] = {"ok": False, "error": str(e)}
+    for s in sides:
+        if s.worker.proc.poll() is not None:
+            s.worker.start()
+    return replies
 
 
 def _row(case, side: Side, t, info: dict, err: str | None, run_id: str) -> dict:
