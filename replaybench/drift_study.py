@@ -132,6 +132,18 @@ def decay_params(op: str, heads: int, seed: int = 0) -> dict:
     return out
 
 
+LONG_FRACTION = 0.1
+
+
+def long_heads(params: dict) -> torch.Tensor:
+    """[H] bool: the LONG_FRACTION of heads (at least one) with the longest memory 1 / (|A| dt0)."""
+    rate = params["rate"]
+    k = max(1, int(round(LONG_FRACTION * rate.numel())))
+    mask = torch.zeros(rate.numel(), dtype=torch.bool)
+    mask[torch.argsort(rate)[:k]] = True
+    return mask
+
+
 def spectrum_summary(params: dict) -> dict:
     """Memory range (1 / per-step decay rate at dt0) of the heads, in steps."""
     mem = 1.0 / params["rate"]
@@ -388,7 +400,9 @@ def op_drift(op: str, dims, method: str, state_dtype: str, lo_dtype: str, batch:
     """Decode n steps in one configuration; one record per measurement point: out_med /
     out_p99 (output error pooled over the window), state_med / state_p99 (the carried state:
     for replay methods only where the point is a flush step), lo_med / lo_p99 (dual: the low
-    copy)."""
+    copy); long_med / long_p99: the output error of the longest-memory heads alone (the
+    LONG_FRACTION of heads with the smallest |A| dt0: where rounding has the most steps to
+    compound)."""
     def make():
         return OpDecoder(op, dims, method, state_dtype, lo_dtype, batch, params, backend, device,
                          buffer_len, flush_period)
@@ -397,6 +411,7 @@ def op_drift(op: str, dims, method: str, state_dtype: str, lo_dtype: str, batch:
     stepper = Stepper(make, example, use_graph(backend, device))
     stream = InputStream(op, dims, batch, params, device, seed)
     need = window_steps(ref.points, window)
+    long = long_heads(params).to(torch.device(device))
     errs: dict[int, torch.Tensor] = {}
     out = []
     for t in range(1, n + 1):
@@ -404,12 +419,13 @@ def op_drift(op: str, dims, method: str, state_dtype: str, lo_dtype: str, batch:
         y = stepper(inp32)
         dec = stepper.dec
         if t in need:
-            errs[t] = rel_err_rows(y, ref.outputs[t])
+            errs[t] = rel_err_rows(y, ref.outputs[t]).view(batch, -1)     # [b, H]
         if t in ref.points:
             pooled = torch.cat([errs.pop(s) for s in sorted(errs) if s > t - window])
             errs.clear()
             rec = {"step": t}
-            rec["out_med"], rec["out_p99"] = stats(pooled)
+            rec["out_med"], rec["out_p99"] = stats(pooled.flatten())
+            rec["long_med"], rec["long_p99"] = stats(pooled[:, long].flatten())
             flushed = method == "eager" or t % flush_period == 0
             if flushed:
                 rec["state_med"], rec["state_p99"] = stats(rel_err_rows(dec.state(), ref.states[t]))

@@ -28,12 +28,20 @@ def one_thread():
 
 def long_memory(op, heads=4):
     """Every head at |A| dt = 1e-3 (a 1,000-step memory): where shared-low rounding compounds."""
-    p = {"dt_bias": D.inv_softplus(torch.full((heads,), 1e-3, dtype=torch.float64)).float()}
+    p = {"dt_bias": D.inv_softplus(torch.full((heads,), 1e-3, dtype=torch.float64)).float(),
+         "rate": torch.full((heads,), 1e-3, dtype=torch.float64)}
     if op == "mamba2":
         p["A"] = -torch.ones(heads)
     else:
         p["A_log"] = torch.zeros(heads)
     return p
+
+
+def test_long_heads_are_the_longest_memories():
+    p = D.decay_params("mamba2", 40)
+    long = D.long_heads(p)
+    assert long.sum() == 4 and p["rate"][long].max() <= p["rate"][~long].min()
+    assert D.long_heads(D.decay_params("gdn", 4)).sum() == 1
 
 
 def test_measure_points_log_spaced_multiples_of_the_window():
@@ -154,6 +162,7 @@ def test_runner_row_and_series():
     assert [r["step"] for r in series] == [32, 48]
     for r in series:
         assert r["out_med"] <= r["out_p99"] and 0 <= r["kl_mean"] and 0 <= r["top1"] <= 1
+        assert r["long_med"] <= r["long_p99"]
     assert row["rel_err"] == series[-1]["out_med"] and row["kl"] == series[-1]["kl_mean"]
     assert row["state_rel_err"] < 1e-5                 # the float32 high checkpoint
     assert row["memory_max_steps"] > row["memory_min_steps"] > 0
