@@ -66,3 +66,59 @@ def test_record_goes_into_pytest_benchmark_storage_and_gates(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     r = run(1.05, "--benchmark-compare", "--benchmark-compare-fail=median:3%")
     assert r.returncode != 0 and "median" in (r.stdout + r.stderr)
+
+
+class _FakeEvent:
+    """A CUDA event on a fake clock: every record() is 100 us after the previous one."""
+    clock = 0
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        _FakeEvent.clock += 1
+        self.t = _FakeEvent.clock
+
+    def elapsed_time(self, end):          # ms, as torch reports it
+        return (end.t - self.t) * 0.1
+
+
+class _FakeBenchmark:
+    disabled = False
+
+    def __init__(self):
+        self.extra_info, self.rounds = {}, []
+
+    def _make_stats(self, iterations):
+        assert iterations == 1
+        rec = self
+
+        class Stats:
+            def update(self, seconds):
+                rec.rounds.append(seconds)
+        return Stats()
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_gpu_benchmark_flow_on_a_fake_gpu(monkeypatch, cold):
+    """The fixture's measurement loop with CUDA faked: graph capture, events, the stopping
+    rule, per-unit times into pytest-benchmark's stats, the facts into extra_info."""
+    import types
+
+    import torch
+
+    from replaybench import timing
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(timing, "warm_up", lambda fn, n: fn())
+    monkeypatch.setattr(timing, "capture", lambda fn: types.SimpleNamespace(replay=fn))
+    calls, setups = [], []
+    bm = _FakeBenchmark()
+    t = pytest_plugin.GpuBenchmark(bm)(lambda: calls.append(1), per=4, min_samples=12, max_samples=30,
+                                       setup=(lambda: setups.append(1)) if cold else None, batch=6)
+    assert t.samples == 12 and t.median_us == pytest.approx(25.0)      # 100 us a sample, 4 units
+    assert bm.rounds == [pytest.approx(25e-6)] * 12
+    assert bm.extra_info["timer"] == "cuda events (CUDA graph replay)" and bm.extra_info["per"] == 4
+    assert bm.extra_info["samples"] == 12 and bm.extra_info["power_capped"] is False
+    assert len(setups) == (12 if cold else 0) and len(calls) >= 12
