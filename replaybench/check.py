@@ -320,28 +320,3 @@ def add_arguments(c) -> None:
     c.add_argument("--run-id", help="--revs: prefix of the run ids written (default: ab-<scenario>-<time>)")
     c.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="--revs: start no new case after this many seconds of measuring; judge what was measured")
-
-
-def cmd(args) -> int:
-    """Run `replaybench check` from parsed arguments; the exit code."""
-    def usage(msg: str) -> int:
-        print(f"replaybench check: {msg}", file=sys.stderr)
-        return 2
-    if args.threshold is not None and not 0 <= args.threshold < 1:
-        return usage(f"--threshold must be in [0, 1), got {args.threshold}")
-    if args.alpha is not None and not 0 < args.alpha < 0.5:
-        return usage(f"--alpha must be in (0, 0.5), got {args.alpha}")
-    if args.revs:
-        if args.base or args.new:
-            return usage("give either BASE NEW (two stored runs) or --revs BASE_REV NEW_REV SCENARIO, not both")
-        from .ab import run_ab
-        return run_ab(*args.revs, device=args.device, threshold=args.threshold, alpha=args.alpha,
-                      strict=args.strict, markdown=args.markdown, results_dir=args.results_dir,
-                      inject=args.inject, run_id=args.run_id, time_budget=args.time_budget)
-    if args.inject:
-        return usage("--inject needs --revs")
-    if not (args.base and args.new):
-        return usage("need BASE and NEW runs (or --revs BASE_REV NEW_REV SCENARIO)")
-    return run_check(args.base, args.new, threshold=args.threshold, alpha=args.alpha, strict=args.strict,
-                     allow_device_mismatch=args.allow_device_mismatch, results_dir=args.results_dir,
-                     markdown=args.markdown, scenario=args.scenario).exit_code

@@ -13,27 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from .scenario import REPO_ROOT, locate  # noqa: F401  (locate: also the CLI's public helper)
 DEFAULT_CPU_SCENARIO = "scenarios/smoke.toml"
 DEFAULT_GPU_SCENARIO = "scenarios/h200-default.toml"
 
 
 def _err(msg: str) -> None:
     print(f"replaybench: {msg}", file=sys.stderr)
-
-
-def locate(path: str) -> Path:
-    """A file path relative to CWD, falling back to the repository root; a bare
-    name like 'smoke' also finds scenarios/smoke.toml."""
-    cands = [Path(path)]
-    if not Path(path).is_absolute():
-        cands.append(REPO_ROOT / path)
-        if not path.endswith(".toml") and "/" not in path:
-            cands += [Path("scenarios") / f"{path}.toml", REPO_ROOT / "scenarios" / f"{path}.toml"]
-    for c in cands:
-        if c.is_file():
-            return c
-    return Path(path)
 
 
 def default_scenario() -> Path:
@@ -188,8 +174,30 @@ def cmd_report(args, argv) -> int:
 
 
 def cmd_check(args, argv) -> int:
-    from .check import cmd
-    return cmd(args)
+    """`replaybench check`: two stored runs (replaybench.check), or --revs: two revisions measured
+    interleaved (replaybench.ab, which uses the check's gate: so the check never imports it)."""
+    from .check import run_check
+    def usage(msg: str) -> int:
+        print(f"replaybench check: {msg}", file=sys.stderr)
+        return 2
+    if args.threshold is not None and not 0 <= args.threshold < 1:
+        return usage(f"--threshold must be in [0, 1), got {args.threshold}")
+    if args.alpha is not None and not 0 < args.alpha < 0.5:
+        return usage(f"--alpha must be in (0, 0.5), got {args.alpha}")
+    if args.revs:
+        if args.base or args.new:
+            return usage("give either BASE NEW (two stored runs) or --revs BASE_REV NEW_REV SCENARIO, not both")
+        from .ab import run_ab
+        return run_ab(*args.revs, device=args.device, threshold=args.threshold, alpha=args.alpha,
+                      strict=args.strict, markdown=args.markdown, results_dir=args.results_dir,
+                      inject=args.inject, run_id=args.run_id, time_budget=args.time_budget)
+    if args.inject:
+        return usage("--inject needs --revs")
+    if not (args.base and args.new):
+        return usage("need BASE and NEW runs (or --revs BASE_REV NEW_REV SCENARIO)")
+    return run_check(args.base, args.new, threshold=args.threshold, alpha=args.alpha, strict=args.strict,
+                     allow_device_mismatch=args.allow_device_mismatch, results_dir=args.results_dir,
+                     markdown=args.markdown, scenario=args.scenario).exit_code
 
 
 def cmd_models(args, argv) -> int:

@@ -27,6 +27,23 @@ from .methods import METHODS, names
 from .models import get_model, MODELS
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def locate(path: str) -> Path:
+    """A file path relative to CWD, falling back to the repository root; a bare
+    name like 'smoke' also finds scenarios/smoke.toml."""
+    cands = [Path(path)]
+    if not Path(path).is_absolute():
+        cands.append(REPO_ROOT / path)
+        if not path.endswith(".toml") and "/" not in path:
+            cands += [Path("scenarios") / f"{path}.toml", REPO_ROOT / "scenarios" / f"{path}.toml"]
+    for c in cands:
+        if c.is_file():
+            return c
+    return Path(path)
+
+
 class ScenarioError(ValueError):
     """A scenario problem; ``str()`` is ``'<file>: <key>: <message>'``."""
 

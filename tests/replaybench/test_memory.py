@@ -7,7 +7,7 @@ from replaybench import memory as MEM
 from replaybench.cli import main
 from replaybench.models import get_model
 from replaybench.report import write_report
-from replaybench.report_spec import memory_params, spec_table
+from replaybench.report.spec import memory_params, spec_table
 from replayssm.state import GDNReplayState, Mamba2ReplayState
 
 MiB = 1 << 20
@@ -121,7 +121,7 @@ def test_spec_speedup_figure_has_one_legend_below_the_panels():
     would cover lines."""
     import matplotlib.pyplot as plt
     import pandas as pd
-    from replaybench.report_spec import spec_speedup_figure
+    from replaybench.report.spec import spec_speedup_figure
     fig = spec_speedup_figure(spec_table(pd.DataFrame(_spec_rows())))
     try:
         assert all(ax.get_legend() is None for ax in fig.axes)

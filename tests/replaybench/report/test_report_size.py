@@ -1,9 +1,9 @@
-"""Model-size section (report_size.py): synthetic runs of width/depth-scaled tiny models."""
+"""Model-size section (replaybench/report/size.py): synthetic runs of width/depth-scaled tiny models."""
 import pytest
 
 from replaybench.models import get_model
 from replaybench.report import write_report
-from replaybench.report_size import sections, size_table
+from replaybench.report.size import sections, size_table
 from replaybench.store import RunStore
 
 from rb_runs import store_run, syn_manifest

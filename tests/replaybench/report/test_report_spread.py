@@ -8,7 +8,7 @@ import pytest
 from replaybench import cli
 from replaybench.check import compare
 from replaybench.report import write_report
-from replaybench.report_spread import TARGET_PCT, fmt_pct, spread_table, summarise
+from replaybench.report.spread import TARGET_PCT, fmt_pct, spread_table, summarise
 from replaybench.store import RunStore
 
 from rb_runs import store_run, syn_manifest

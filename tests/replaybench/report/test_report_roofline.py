@@ -2,8 +2,8 @@
 import pandas as pd
 import pytest
 
-from replaybench import report_roofline as RR
-from replaybench.report import _save
+from replaybench.report import roofline as RR
+from replaybench.report.common import save_figure
 
 
 def rows():
@@ -36,7 +36,7 @@ def test_traffic_mismatch_flags_only_beyond_10_percent():
 def test_sections_write_figures(tmp_path):
     manifest = {"ceilings": {"copy_gbps": 4000.0, "read_gbps": 4200.0, "matmul_tflops": 780.0},
                 "device": {"name": "GPU"}}
-    figs, tables = RR.sections(rows(), manifest, tmp_path, _save)
+    figs, tables = RR.sections(rows(), manifest, tmp_path, save_figure)
     names = {p.name for _, _, p in figs}
     assert names == {"roofline.png", "traffic_measured.png"}
     assert (tmp_path / "roofline.svg").exists()

@@ -28,11 +28,11 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from .methods import names
-from .models import STUDY_MODELS, get_model
-from .report import (METHOD_COLORS, _config_label, _device_suffix, _pick, _ref_state, _save, ok_rows, plt,
-                     representative)
-from .report_roofline import PEER_KEYS, baseline_medians
+from ..methods import names
+from ..models import STUDY_MODELS, get_model
+from .common import (METHOD_COLORS, config_label, device_suffix, ok_rows, pick_one, plt, reference_state,
+                     representative, save_figure)
+from .roofline import PEER_KEYS, baseline_medians
 
 PUBLISHED_FILE = "published.toml"
 PAPER_SCENARIOS = ("paper",)
@@ -87,7 +87,7 @@ def load_published() -> list[Point]:
     return out
 
 
-def _ok(df) -> pd.DataFrame:
+def paper_ok_rows(df) -> pd.DataFrame:
     ok = ok_rows(df)
     ok["spec_window"] = ok["spec_window"].fillna(0).astype(int)
     ok["accept"] = ok["accept"].fillna("none").astype(str) if "accept" in ok else "none"
@@ -99,9 +99,9 @@ def _keys(spec_window: int) -> tuple[str, ...]:
 
 
 def ratios(ok: pd.DataFrame, method: str, baseline: str, spec_window: int, batches, models) -> list[dict]:
-    """baseline median / method median per (model, batch), paired through report_roofline's
+    """baseline median / method median per (model, batch), paired through report.roofline's
     baseline_medians (same model, batch, state dtype; speculative: + T, acceptance); one
-    configuration per model x method (report.representative, triton preferred)."""
+    configuration per model x method (common.representative, triton preferred)."""
     keys = _keys(spec_window)
     same_t = ok[ok["spec_window"] == spec_window]
     base = baseline_medians(same_t, baseline, keys)
@@ -114,25 +114,25 @@ def ratios(ok: pd.DataFrame, method: str, baseline: str, spec_window: int, batch
                 continue
             brow = _baseline_row(same_t, baseline, keys, k, bu)
             ratio = float(bu) / float(r["median_us"])
-            pct = _pct_copy(r)
+            pct = pct_copy(r)
             out.append({"model": model, "batch": int(b), "method": method, "baseline": baseline,
-                        "state_dtype": r["state_dtype"], "config": _config_label(rep.iloc[[0]]),
+                        "state_dtype": r["state_dtype"], "config": config_label(rep.iloc[[0]]),
                         "baseline_us": float(bu), "method_us": float(r["median_us"]), "ratio": ratio,
                         "method_pct_copy": pct, "ratio_at_copy": ratio * 100.0 / pct if pct > 0 else float("nan"),
-                        "throttled": "; ".join(n for n in (_throttle_note(r, method),
-                                                           _throttle_note(brow, baseline)) if n)})
+                        "throttled": "; ".join(n for n in (throttle_note(r, method),
+                                                           throttle_note(brow, baseline)) if n)})
     return out
 
 
 def method_rows(ok: pd.DataFrame, rows: pd.DataFrame, method: str, models):
     """(model, its rows of `method` at one configuration) for each of `models` with such rows:
-    report.representative's configuration (the model's reference state dtype, a bf16 low copy,
+    common.representative's configuration (the model's reference state dtype, a bf16 low copy,
     the longest buffer), triton preferred. ok: every ok row of the run (the reference state);
     rows: those to pick from."""
     rows = rows[(rows["method"] == method) & rows["model"].isin(list(models))]
     for model in [m for m in models if m in set(rows["model"])]:
         g = rows[rows["model"] == model]
-        yield model, _pick(representative(g, _ref_state(ok[ok["model"] == model])), "backend", prefer="triton")
+        yield model, pick_one(representative(g, reference_state(ok[ok["model"] == model])), "backend", prefer="triton")
 
 
 def batch_rows(rep: pd.DataFrame, batches):
@@ -143,7 +143,7 @@ def batch_rows(rep: pd.DataFrame, batches):
             yield b, r.sort_values("median_us").iloc[0]
 
 
-def _pct_copy(row) -> float:
+def pct_copy(row) -> float:
     """The row's modelled bytes / time as % of the run's copy ceiling (NaN when not measured).
     A ratio x 100 / this is what the method would reach at the copy ceiling with its modelled
     bytes: the bound its byte count sets against the baseline as measured."""
@@ -160,7 +160,7 @@ def _baseline_row(rows: pd.DataFrame, baseline: str, keys, k: tuple, median: flo
     return None
 
 
-def _throttle_note(row, method: str) -> str:
+def throttle_note(row, method: str) -> str:
     """'method: reasons, power-capped, SM clock MHz' when the row's timing saw an NVML throttle
     reason (replaybench.timing: throttled batches are discarded, but a power-capped row is timed
     at the capped clock), else ''."""
@@ -185,7 +185,7 @@ def paper_table(df, points: list[Point] | None = None) -> pd.DataFrame:
     points = load_published() if points is None else points
     if not len(df):
         return pd.DataFrame(columns=PAPER_COLS)
-    ok = _ok(df)
+    ok = paper_ok_rows(df)
     out = []
     for p in points:
         models = [m for m in _study_models(ok) if p.covers(m)]
@@ -279,7 +279,7 @@ def fig_paper_style(df, manifest: dict, out_dir: Path, cpu: bool = False,
     points = load_published() if points is None else points
     if not len(df):
         return None
-    panels = _panels(_ok(df), points)
+    panels = _panels(paper_ok_rows(df), points)
     if not panels:
         return None
     widths = [max(2.0, len(p["models"]) * (0.6 + 0.35 * len(p["methods"]) * len(p["batches"])))
@@ -304,9 +304,9 @@ def fig_paper_style(df, manifest: dict, out_dir: Path, cpu: bool = False,
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
     fig.suptitle("Against vLLM's own kernels (this run) vs the ReplaySSM authors' published points\n"
-                 + _device_suffix(manifest, cpu), fontsize=11)
+                 + device_suffix(manifest, cpu), fontsize=11)
     fig.tight_layout(rect=(0, 0.01 + 0.035 * -(-len(handles) // ncol), 1, 1))
-    png, _ = _save(fig, out_dir, "paper_style")
+    png, _ = save_figure(fig, out_dir, "paper_style")
     return png
 
 
@@ -315,7 +315,7 @@ def _quotes(points: list[Point]) -> str:
 
 
 def sections(df, manifest: dict, out_dir: Path, cpu: bool = False):
-    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for report.py:
+    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for write_report (report/__init__.py):
     empty unless the run is of the paper scenario and has rows to pair with vLLM's."""
     scen = (manifest.get("scenario") or {}).get("name")
     if scen not in PAPER_SCENARIOS or not len(df):
@@ -324,7 +324,7 @@ def sections(df, manifest: dict, out_dir: Path, cpu: bool = False):
     png = fig_paper_style(df, manifest, out_dir, cpu, points)
     if png is None:
         return [], []
-    dev = _device_suffix(manifest, cpu)
+    dev = device_suffix(manifest, cpu)
     gpus = "; ".join(dict.fromkeys(p.gpu for p in points))
     cap = ("Bars: vLLM's median / our method's median (> 1: ours faster), medians measured in this run on "
            f"the same GPU ({dev}), paired at the same model, batch and state dtype (speculative: same window "

@@ -19,13 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .methods import EAGER, PEER_EAGER as PEER  # noqa: E402
+from ..methods import EAGER, PEER_EAGER as PEER  # noqa: E402
+from .common import ok_rows  # noqa: E402
 
 TRAFFIC_TOLERANCE = 0.10
-
-
-def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    return df[(df["status"] == "ok") & df["median_us"].notna() & (df["median_us"] > 0)].copy()
 
 
 def _label(r) -> str:
@@ -39,7 +36,7 @@ def _label(r) -> str:
 
 def fig_roofline(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path | None:
     """Roofline at the largest batch of the run (None when the rows carry no FLOPs)."""
-    ok = _ok(df)
+    ok = ok_rows(df)
     if "flops_model" not in ok or ok["flops_model"].isna().all() or not len(ok):
         return None
     ok = ok[ok["flops_model"].notna() & ok["bytes_model"].notna()]
@@ -81,7 +78,7 @@ def fig_roofline(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path 
 
 def traffic_mismatches(df: pd.DataFrame) -> pd.DataFrame:
     """Rows whose measured DRAM bytes differ from the model by more than 10 %."""
-    ok = _ok(df)
+    ok = ok_rows(df)
     if "dram_bytes" not in ok:
         return ok.iloc[0:0]
     ok = ok[ok["dram_bytes"].notna()]
@@ -91,7 +88,7 @@ def traffic_mismatches(df: pd.DataFrame) -> pd.DataFrame:
 
 def fig_traffic_measured(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path | None:
     """Modelled vs measured bytes per step (one bar pair per case with ncu data)."""
-    ok = _ok(df)
+    ok = ok_rows(df)
     if "dram_bytes" not in ok or ok["dram_bytes"].isna().all():
         return None
     ok = ok[ok["dram_bytes"].notna()].sort_values(["model", "method", "batch"])
@@ -117,7 +114,7 @@ PEER_KEYS = ("model", "batch", "state_dtype")
 def baseline_medians(ok: pd.DataFrame, method: str, keys=PEER_KEYS) -> pd.Series:
     """A baseline method's median per key (same model, batch, state dtype by default; the fastest
     where several rows share a key), from ok rows; our eager kernel from its Triton backend
-    where the run has one.  peer_table and report_paper pair rows with a baseline through this."""
+    where the run has one.  peer_table and report.paper pair rows with a baseline through this."""
     b = ok[ok["method"] == method]
     if method == "eager":
         b = b[b["backend"] == "triton"] if (b["backend"] == "triton").any() else b
@@ -126,7 +123,7 @@ def baseline_medians(ok: pd.DataFrame, method: str, keys=PEER_KEYS) -> pd.Series
 
 def peer_table(df: pd.DataFrame) -> pd.DataFrame:
     """Each method's median vs vLLM's eager kernel and our eager kernel (same model, batch, state dtype)."""
-    ok = _ok(df)
+    ok = ok_rows(df)
     if not len(ok):
         return ok
     base = {name: baseline_medians(ok, name) for name in (EAGER, PEER)}
@@ -151,7 +148,7 @@ MISMATCH_COLS = ["case_id", "bytes_model", "dram_bytes", "dram_vs_model"]
 
 
 def sections(df: pd.DataFrame, manifest: dict, out_dir: Path, save):
-    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for report.py."""
+    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for write_report (report/__init__.py)."""
     figures, tables = [], []
     png = fig_roofline(df, manifest, out_dir, save)
     if png is not None:

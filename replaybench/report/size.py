@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .models import get_model
-from .report import (METHOD_COLORS, _config_label, _device_suffix, _fmt_bytes, _grid, _method_key, _pick,
-                     _ref_state, _save, plt, representative, speedup_table)
-from .traffic import DTYPE_BYTES
+from ..models import get_model
+from ..traffic import DTYPE_BYTES
+from .common import (METHOD_COLORS, config_label, device_suffix, fmt_bytes, grid_shape, method_key, pick_one, plt,
+                     reference_state, representative, save_figure)
+from .speedup import speedup_table
 
 SIZE_COLS = ["base model", "depth", "width", "state/layer", "method", "backend", "config", "batch",
              "median_us", "eager_us", "speedup", "pct_copy_bw"]
@@ -31,7 +32,7 @@ _BATCH_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
 def size_table(df, sp=None) -> pd.DataFrame:
     """Replay-family speedups (speedup_table: eager median / method median, same run; `sp` when
     the caller has it) of the scaled variants of every base model with >= 2 variants in the run,
-    one configuration per method (report.representative, triton preferred), sorted by base
+    one configuration per method (common.representative, triton preferred), sorted by base
     model, size, method, batch."""
     sp = speedup_table(df) if sp is None else sp
     if len(sp):
@@ -45,22 +46,22 @@ def size_table(df, sp=None) -> pd.DataFrame:
     sp = sp[sp["base model"].isin(fams[fams >= 2].index)]
     out = []
     # one x per variant: its state at the family's state dtype, whatever a method's own dtype
-    ref = {base: _ref_state(g) for base, g in sp.groupby("base model")}
+    ref = {base: reference_state(g) for base, g in sp.groupby("base model")}
     for (base, model, method), g in sp.groupby(["base model", "model", "method"], sort=False):
-        rep = _pick(representative(g, _ref_state(g)), "backend", prefer="triton")
+        rep = pick_one(representative(g, reference_state(g)), "backend", prefer="triton")
         m = spec[model]
         state = m.state_bytes_per_layer(DTYPE_BYTES[ref[base]])
         for r in rep.sort_values("batch").to_dict("records"):
             out.append({"base model": base, "model": model, "depth": m.depth, "width": m.width,
                         "state_bytes": state, "state_dtype": ref[base], "n_ssm_layers": m.n_ssm_layers,
-                        "state/layer": _fmt_bytes(state), "method": method, "backend": r["backend"],
-                        "config": _config_label(rep),
+                        "state/layer": fmt_bytes(state), "method": method, "backend": r["backend"],
+                        "config": config_label(rep),
                         "batch": r["batch"], "median_us": r["median_us"], "eager_us": r["eager_us"],
                         "speedup": r["speedup"], "pct_copy_bw": r["pct_copy_bw"]})
     if not out:
         return pd.DataFrame(columns=["model"] + SIZE_COLS)
     t = pd.DataFrame(out)
-    t["_m"] = t["method"].map(_method_key)
+    t["_m"] = t["method"].map(method_key)
     return (t.sort_values(["base model", "width", "depth", "_m", "batch"], kind="stable")
              .drop(columns="_m").reset_index(drop=True))
 
@@ -81,10 +82,10 @@ def _varies(t: pd.DataFrame) -> str:
 def fig_size_speedup(t: pd.DataFrame, out_dir: Path, device: str) -> Path:
     """Speedup over eager vs the variant's SSM state bytes per layer and sequence (log x, ticks
     also naming the scale factor), one panel per base model, a line per (method, batch):
-    colour = method (report.METHOD_COLORS), line style / marker = batch; dashed line at 1."""
+    colour = method (common.METHOD_COLORS), line style / marker = batch; dashed line at 1."""
     bases = list(dict.fromkeys(t["base model"]))
     batches = sorted(t["batch"].unique(), reverse=True)
-    nr, nc = _grid(len(bases), 2)
+    nr, nc = grid_shape(len(bases), 2)
     fig, axes = plt.subplots(nr, nc, figsize=(5.8 * nc, 4.0 * nr), squeeze=False)
     # one y range for all panels, so families compare at a glance
     ys = t["speedup"].tolist() + [1.0]
@@ -94,7 +95,7 @@ def fig_size_speedup(t: pd.DataFrame, out_dir: Path, device: str) -> Path:
         f = t[t["base model"] == base].copy()
         per_seq = _per_seq(f)
         f["x"] = f["state_bytes"] * (f["n_ssm_layers"] if per_seq else 1)
-        for method in sorted(f["method"].unique(), key=_method_key):
+        for method in sorted(f["method"].unique(), key=method_key):
             for b in batches:
                 g = f[(f["method"] == method) & (f["batch"] == b)].sort_values("x")
                 if g.empty:
@@ -108,7 +109,7 @@ def fig_size_speedup(t: pd.DataFrame, out_dir: Path, device: str) -> Path:
         ax.set_xscale("log", base=2)
         ticks = f.drop_duplicates("x").sort_values("x")
         ax.set_xticks(ticks["x"].tolist())
-        ax.set_xticklabels([_scale_label(r, per_seq) + f"\n{_fmt_bytes(r['x'])}" for _, r in ticks.iterrows()],
+        ax.set_xticklabels([_scale_label(r, per_seq) + f"\n{fmt_bytes(r['x'])}" for _, r in ticks.iterrows()],
                            fontsize=8)
         ax.minorticks_off()
         lo, hi = ticks["x"].min(), ticks["x"].max()
@@ -129,7 +130,7 @@ def fig_size_speedup(t: pd.DataFrame, out_dir: Path, device: str) -> Path:
     fig.legend(list(handles.values()), list(handles.keys()), loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(len(handles), 2 * nc), fontsize=8, frameon=False,
                title="colour = method, line style / marker = batch", title_fontsize=8)
-    png, _ = _save(fig, Path(out_dir), "model_size")
+    png, _ = save_figure(fig, Path(out_dir), "model_size")
     return png
 
 
@@ -145,18 +146,18 @@ def _scale_label(r, per_seq: bool) -> str:
 
 
 def sections(df, manifest: dict, out_dir: Path, cpu: bool = False, table=None):
-    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for report.py;
+    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for write_report (report/__init__.py);
     both empty when the run has no base model with >= 2 scaled variants. `table`: size_table(df)
-    when the caller has it (report.py also needs its models: their 1x1 heat maps are dropped)."""
+    when the caller has it (write_report also needs its models: their 1x1 heat maps are dropped)."""
     t = size_table(df) if table is None else table
     if t.empty:
         return [], []
-    png = fig_size_speedup(t, out_dir, _device_suffix(manifest, cpu))
+    png = fig_size_speedup(t, out_dir, device_suffix(manifest, cpu))
     kind = "CPU" if cpu else "GPU"
     x = "per layer and sequence"
     if any(_per_seq(f) for _, f in t.groupby("base model")):
         x += " (of all SSM layers where only depth varies)"
-    methods = ", ".join(sorted(t["method"].unique(), key=_method_key))
+    methods = ", ".join(sorted(t["method"].unique(), key=method_key))
     caption = (f"Speedup over eager of {methods} for the {_varies(t)}-scaled variants of "
                f"{', '.join(dict.fromkeys(t['base model']))}: eager median / method median per decode step of "
                f"one SSM layer (same variant, batch, state dtype and backend), one configuration per method "

@@ -24,8 +24,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .check import compare, device_of  # noqa: E402
-from .store import RunStore, StoreError  # noqa: E402
+from ..check import compare, device_of  # noqa: E402
+from ..store import RunStore, StoreError  # noqa: E402
+from .common import plain_log_ticks  # noqa: E402
 
 TARGET_PCT = 1.0        # run-to-run target (issue 5): repeated runs agree within 1 % per case
 WORST_N = 5
@@ -128,8 +129,7 @@ def fig_spread(t: pd.DataFrame, s: SpreadSummary, run_id: str, other_id: str, ti
         bx.scatter(xs[sel], ys[sel], s=22, color=method_colors.get(m, "k"), edgecolor="black",
                    linewidth=0.3, zorder=3)
     bx.set_xscale("log")
-    from .report import _plain_log_ticks
-    _plain_log_ticks(bx.xaxis, xs)
+    plain_log_ticks(bx.xaxis, xs)
     bx.set_ylim(-lim, lim)
     bx.set_xlabel("RUN median time per step [µs]")
     bx.set_ylabel("OTHER / RUN − 1 [%]")

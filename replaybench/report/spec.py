@@ -18,9 +18,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import memory  # noqa: E402
-from .accept import mean_accepted  # noqa: E402
-from .methods import METHODS, SPEC_BASELINE as BASELINE, names  # noqa: E402
+from .. import memory  # noqa: E402
+from ..accept import mean_accepted  # noqa: E402
+from ..methods import METHODS, SPEC_BASELINE as BASELINE, names  # noqa: E402
 
 SPEC_METHODS = names(spec=True)
 GOAL = 3.0            # issue 4: spec-replay / spec-perdraft >= 3x at T = 4
@@ -166,7 +166,7 @@ def memory_frame(rows) -> pd.DataFrame:
 
 
 def sections(df, out_dir: Path, cpu: bool = False):
-    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for report.py."""
+    """(figures [(title, caption, png)], tables [(title, intro, DataFrame, columns)]) for write_report (report/__init__.py)."""
     figures, tables = [], []
     st = spec_table(df)
     if len(st):

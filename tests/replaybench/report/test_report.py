@@ -138,7 +138,7 @@ def test_report_with_only_errors_or_no_rows(tmp_path):
 def test_throttle_table_lists_throttled_and_power_capped_rows():
     import pandas as pd
 
-    from replaybench.report import throttle_table
+    from replaybench.report.overview import throttle_table
     df = pd.DataFrame([
         {"case_id": "a", "method": "replay", "status": "ok", "throttle": "", "discarded": 0, "samples": 10,
          "power_capped": False},
@@ -197,7 +197,7 @@ def test_resumed_run_marks_ratios_across_sessions(tmp_path):
 def test_speedup_heatmap_has_a_panel_per_state_precision(tmp_path, monkeypatch):
     # replay with fp32 and bf16 states in one run: each against the eager row of its own state
     # dtype, in its own panel (one shared panel drew both into one cell, the later hiding the other)
-    import replaybench.report as rep
+    import replaybench.report.speedup as rep
     rows = []
     for r in synthetic_rows("NVIDIA H200"):
         if r["model"] == "tiny-mamba2" and r["backend"] == "triton" and r["method"] in ("eager", "replay"):
@@ -206,7 +206,7 @@ def test_speedup_heatmap_has_a_panel_per_state_precision(tmp_path, monkeypatch):
                              median_us=r["median_us"] / (2.0 if r["method"] == "eager" else 1.5)))
     st = make_run(tmp_path, device=GPU_DEVICE, rows=rows)
     saved = []
-    monkeypatch.setattr(rep, "_save", lambda fig, out_dir, name: saved.append(fig) or (tmp_path / "a.png",
+    monkeypatch.setattr(rep, "save_figure", lambda fig, out_dir, name: saved.append(fig) or (tmp_path / "a.png",
                                                                                        tmp_path / "a.svg"))
     rep.fig_speedup_heatmaps(st.dataframe(), st.manifest(), tmp_path, cpu=False)
     (fig,) = saved

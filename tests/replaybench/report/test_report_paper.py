@@ -1,11 +1,11 @@
-"""Paper-style section (report_paper.py): ratios over vLLM's kernels next to the published points."""
+"""Paper-style section (replaybench/report/paper.py): ratios over vLLM's kernels next to the published points."""
 import json
 import tomllib
 from importlib import resources
 
 import pytest
 
-from replaybench import report_paper as RP
+from replaybench.report import paper as RP
 from replaybench.report import write_report
 from test_report import GPU_DEVICE, make_run
 
@@ -135,9 +135,9 @@ def test_throttled_rows_are_named_beside_their_ratios(tmp_path):
     assert got.pop(("nemotron-3-nano-4b", "replay", 256)) == "replay: sw_power_cap (power-capped), SM 1755 MHz"
     assert got.pop(("qwen3.5-4b", "spec-replay", 512)) == "vllm-spec: hw_slowdown, SM 1410 MHz"
     assert set(got.values()) == {""}
-    from replaybench.report import plt
+    from replaybench.report.common import plt
     fig, ax = plt.subplots()
-    RP._draw_panel(ax, RP._panels(RP._ok(pd.DataFrame(rows)), RP.load_published())[0])     # standard decode
+    RP._draw_panel(ax, RP._panels(RP.paper_ok_rows(pd.DataFrame(rows)), RP.load_published())[0])     # standard decode
     labels = [x.get_text() for x in ax.texts]
     plt.close(fig)
     assert f"{600.0 / REPLAY_US['nemotron-3-nano-4b']:.2f}{RP.THROTTLE_MARK}" in labels

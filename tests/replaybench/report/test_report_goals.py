@@ -1,11 +1,11 @@
-"""Targets section (report_goals.py): a run's rows against goals.toml."""
+"""Targets section (replaybench/report/goals.py): a run's rows against goals.toml."""
 import math
 import tomllib
 from importlib import resources
 
 import pytest
 
-from replaybench import report_goals as RG
+from replaybench.report import goals as RG
 from test_report_paper import _paper_run, paper_rows
 
 STUDY = {"nemotron-3-nano-4b": "mamba2", "qwen3.5-4b": "gdn"}

@@ -8,7 +8,7 @@ kernels (replaybench/goals.toml, from issue 3), from stored rows only.
                   method would need to meet the target
     sections      the report's table; empty when no target has rows in the run
 
-Ratios pair as the paper-style section does (report_paper.ratios: same model, batch and state
+Ratios pair as the paper-style section does (report.paper.ratios: same model, batch and state
 dtype; one configuration per model and method, a bf16 low copy where the run has several). A
 target that names a state dtype holds at that dtype; one that names none at each dtype the run
 has, each as its own rows (a run of fp32 and bf16 states: both). The targets never hold measured
@@ -24,7 +24,7 @@ from importlib import resources
 
 import pandas as pd
 
-from .report_paper import _ok, _pct_copy, _throttle_note, batch_rows, method_rows, ratios
+from .paper import batch_rows, method_rows, paper_ok_rows, pct_copy, ratios, throttle_note
 
 GOALS_FILE = "goals.toml"
 METRICS = ("ratio", "pct_copy")
@@ -82,7 +82,7 @@ def goals_table(df, goals: list[Goal] | None = None) -> pd.DataFrame:
     goals = load_goals() if goals is None else goals
     if not len(df):
         return pd.DataFrame(columns=GOAL_COLS)
-    ok = _ok(df)
+    ok = paper_ok_rows(df)
     ok = ok[ok["spec_window"] == 0]
     # A target without a state dtype holds at every state dtype the run has ("for fp32 *and*
     # bf16 states"), each on its own: the rows of one dtype are the reference state there.
@@ -104,15 +104,15 @@ def goals_table(df, goals: list[Goal] | None = None) -> pd.DataFrame:
             else:
                 for model, rep in method_rows(og, og, g.method, models):
                     for b, r in batch_rows(rep, batches):
-                        pct = _pct_copy(r)
-                        out.append(_row(g, pct, pct, float("nan"), float("nan"), _throttle_note(r, g.method),
+                        pct = pct_copy(r)
+                        out.append(_row(g, pct, pct, float("nan"), float("nan"), throttle_note(r, g.method),
                                         model=model, batch=int(b), method=g.method, state_dtype=sd,
                                         baseline="copy ceiling"))
     return pd.DataFrame(out, columns=GOAL_COLS)
 
 
 def sections(df):
-    """[(title, intro, DataFrame, columns)] for report.py: the targets table, or [] when no
+    """[(title, intro, DataFrame, columns)] for write_report (report/__init__.py): the targets table, or [] when no
     target has a measurement in the run."""
     goals = load_goals()
     table = goals_table(df, goals)
