@@ -76,11 +76,23 @@ def mamba2_decode(rs, pending, x, dt, A, B, C, D, dt_bias, block_ids, out, *, ba
     _scatter(out, y, pos, valid)
 
 
-def mamba2_before_prefill(rs, A, block_ids, *, backend: str) -> None:
-    """Fold the committed entries of sequences about to prefill (a chunked prefill that
-    continues one), so the checkpoint vLLM's prefill starts from is the current state."""
+def _continued(rs, block_ids, has_initial) -> torch.Tensor:
+    """Slots of prefilling sequences that continue (chunked prefill: vLLM's prefill starts from
+    their checkpoint). The others are new to their block, whose page may hold another layer
+    group's bytes: their cursor is reset before anything reads it."""
     idx = state_indices(block_ids)
-    mamba2.flush(rs, A, idx[idx >= 0], backend=backend)
+    live = idx >= 0
+    cont = torch.zeros_like(live) if has_initial is None else \
+        live & has_initial.to(device=live.device, dtype=torch.bool)
+    rs.cursor[idx[live & ~cont].long()] = 0
+    return idx[cont]
+
+
+def mamba2_before_prefill(rs, A, block_ids, has_initial, *, backend: str) -> None:
+    """Fold the committed entries of sequences whose prefill continues (a chunked prefill), so
+    the checkpoint vLLM's prefill starts from is their current state. has_initial: vLLM's
+    [num_prefills] bool (None: no prefill continues)."""
+    mamba2.flush(rs, A, _continued(rs, block_ids, has_initial), backend=backend)
 
 
 # ----------------------------------------------------------------------------- GDN
@@ -107,9 +119,8 @@ def gdn_decode(rs, pending, q, k, v, g, beta, block_ids, out, *, backend: str, s
     _scatter(out, y, pos, valid)
 
 
-def gdn_before_prefill(rs, block_ids, *, backend: str) -> None:
-    idx = state_indices(block_ids)
-    gdn.flush(rs, idx[idx >= 0], backend=backend)
+def gdn_before_prefill(rs, block_ids, has_initial, *, backend: str) -> None:
+    gdn.flush(rs, _continued(rs, block_ids, has_initial), backend=backend)
 
 
 # ----------------------------------------------------------------------------- both
@@ -119,5 +130,6 @@ def after_prefill(rs, pending, block_ids) -> None:
     idx = block_ids[block_ids > 0].long()
     rs.cursor[idx] = 0
     pending[idx] = 0
+    rs.route_epoch[idx] = 0
     if rs.lo is not None:
         rs.lo.write(idx, rs.hi.read(idx, torch.float32))

@@ -93,7 +93,8 @@ class ReplayMambaMixer2(_ReplayLayer, MambaMixer2):
         md = raw[self.prefix]
         rs, pending = self.replay_state()
         if md.num_prefills > 0:
-            decode.mamba2_before_prefill(rs, self.A, md.state_indices_tensor_p, backend=self.replay.backend)
+            decode.mamba2_before_prefill(rs, self.A, md.state_indices_tensor_p, md.has_initial_states_p,
+                                         backend=self.replay.backend)
         _running.layer = self
         try:
             super().conv_ssm_forward(projected_states, output)
@@ -150,7 +151,7 @@ class ReplayQwenGatedDeltaNetAttention(_ReplayLayer, QwenGatedDeltaNetAttention)
         rs, pending = self.replay_state()
         prefill_idx = getattr(md, "prefill_state_indices", None) if md.num_prefills > 0 else None
         if prefill_idx is not None:
-            decode.gdn_before_prefill(rs, prefill_idx, backend=self.replay.backend)
+            decode.gdn_before_prefill(rs, prefill_idx, md.prefill_has_initial_state, backend=self.replay.backend)
         _running.layer = self
         try:
             super()._forward_core(mixed_qkv, b, a, core_attn_out)

@@ -140,3 +140,26 @@ def test_entry_point_declared():
     ep = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["vllm.general_plugins"]
     assert ep == {"replayssm": "replayssm.vllm:register"}
     assert callable(replayssm.vllm.register)
+
+
+def test_prefill_hooks_fold_continued_and_reset_new_sequences():
+    """A chunked prefill that continues a sequence starts from its current state (entries
+    folded); a block new to its sequence may hold another layer group's bytes: its cursor is
+    reset, never read."""
+    cfg, rs, pending = _pages("mamba2", "replay", 0)
+    gen = torch.Generator().manual_seed(3)
+    p = mamba2_params(M2, gen=gen)
+    blocks = torch.tensor([5, 2])
+    rs.hi.data[blocks] = torch.randn(2, *rs.hi.data.shape[1:], generator=gen)
+    decode.after_prefill(rs, pending, blocks)
+    inp = mamba2_step_inputs(M2, 2, gate=False, gen=gen)
+    S = rs.hi.data[blocks].clone()
+    for _ in range(2):
+        decode.mamba2_decode(rs, pending, inp["x"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"], p["dt_bias"],
+                             blocks, torch.zeros_like(inp["x"]), backend="reference")
+        mamba2.eager_step(S, inp["x"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"], p["dt_bias"], None, None,
+                          backend="reference")
+    rs.cursor[2] = 0x7FFF_00C3                        # garbage: block 2 now starts a new sequence
+    decode.mamba2_before_prefill(rs, p["A"], blocks, torch.tensor([True, False]), backend="reference")
+    assert int(rs.entries(torch.tensor([5]))) == 0 and int(rs.cursor[2]) == 0
+    torch.testing.assert_close(rs.hi.data[5], S[0], rtol=1e-4, atol=1e-4)
