@@ -6,8 +6,8 @@ Inputs are the timing samples of one case on each side (BASE, NEW), in microseco
 * Its uncertainty is a distribution-free confidence interval ``[lo, hi]`` of the NEW/BASE
   time ratio: the Hodges-Lehmann interval of the shift of log-times, which is the inversion of
   the Mann-Whitney U test (the interval excludes 1 exactly when the two-sided test rejects "no
-  shift" at level ``alpha``); ``p`` is that test's two-sided p-value (normal approximation with
-  the tie correction). Rows stored without per-sample times (runs older than the
+  shift" at level ``alpha``); ``p`` is that test's two-sided p-value (exact for small samples
+  without ties, else the normal approximation with the tie correction). Rows stored without per-sample times (runs older than the
   ``samples_us`` column) fall back to a normal approximation from each side's median, IQR and
   sample count (standard error of a median 1.2533 sigma / sqrt(n), sigma = IQR / 1.349); the
   ``test`` column says which was used.
@@ -30,6 +30,7 @@ import fnmatch
 import json
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from statistics import NormalDist
 from typing import Any, Sequence
 
@@ -80,9 +81,39 @@ def verdict_of(ratio: float, lo: float, hi: float, threshold: float) -> str:
     return SAME
 
 
+_EXACT_MAX_PAIRS = 2500            # n * m up to which U's null distribution is computed exactly
+
+
+@lru_cache(maxsize=64)
+def _u_cdf(n: int, m: int) -> tuple[float, ...]:
+    """P(U <= u), u = 0..n*m, under no shift and no ties: the coefficients of the Gaussian
+    binomial [n + m choose n]_q over C(n + m, n), in exact integers."""
+    poly = [1]
+    for i in range(1, n + 1):       # multiply by (1 - q^(m+i)), divide by (1 - q^i)
+        j = m + i
+        poly = poly + [0] * j
+        for k in range(len(poly) - 1, j - 1, -1):
+            poly[k] -= poly[k - j]
+        for k in range(i, len(poly)):
+            poly[k] += poly[k - i]
+        while len(poly) > 1 and poly[-1] == 0:
+            poly.pop()
+    total = math.comb(n + m, n)
+    out, acc = [], 0
+    for c in poly:
+        acc += c
+        out.append(acc / total)
+    return tuple(out)
+
+
+def _exact(n: int, m: int) -> bool:
+    return 0 < n * m <= _EXACT_MAX_PAIRS
+
+
 def mann_whitney(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """(U of y over x, two-sided p) of the Mann-Whitney U test, normal approximation with the
-    tie correction (and a 0.5 continuity correction). U counts pairs with y > x (ties 1/2)."""
+    """(U of y over x, two-sided p) of the Mann-Whitney U test: exact for small samples
+    without ties (n * m <= 2500), else the normal approximation with the tie correction (and a
+    0.5 continuity correction). U counts pairs with y > x (ties 1/2)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     n, m = len(x), len(y)
     if n == 0 or m == 0:
@@ -104,6 +135,10 @@ def mann_whitney(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
         i = j + 1
     u = float(ranks[n:].sum() - m * (m + 1) / 2.0)
     mu = n * m / 2.0
+    if tie_term == 0 and _exact(n, m):
+        cdf = _u_cdf(n, m)
+        lo = min(u, n * m - u)          # the null distribution is symmetric
+        return u, min(1.0, 2.0 * cdf[int(round(lo))])
     N = n + m
     var = n * m / 12.0 * ((N + 1) - tie_term / (N * (N - 1))) if N > 1 else 0.0
     if var <= 0:
@@ -126,7 +161,11 @@ def shift_interval(x: Sequence[float], y: Sequence[float], alpha: float) -> tupl
         n, m = len(x), len(y)
     d = np.sort((y[None, :] - x[:, None]).ravel())
     nm = n * m
-    k = int(math.floor(nm / 2.0 - _z(alpha) * math.sqrt(nm * (n + m + 1) / 12.0)))
+    if _exact(n, m):                # k = the largest c with P(U <= c) <= alpha / 2
+        cdf = _u_cdf(n, m)
+        k = sum(1 for c in cdf if c <= alpha / 2.0) - 1
+    else:
+        k = int(math.floor(nm / 2.0 - _z(alpha) * math.sqrt(nm * (n + m + 1) / 12.0)))
     k = max(k, 0)
     if k >= nm - k:
         k = max(0, (nm - 1) // 2)

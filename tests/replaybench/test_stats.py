@@ -108,3 +108,22 @@ def test_check_table():
         with pytest.raises(S.CheckTableError) as e:
             S.parse_check_table(bad)
         assert e.value.key.startswith(key)
+
+
+def test_exact_small_samples_and_interval_inverts_the_test():
+    rng = np.random.default_rng(6)
+    scipy_stats = None
+    try:
+        import scipy.stats as scipy_stats
+    except ImportError:
+        pass
+    for n, m in [(3, 3), (5, 7), (10, 10)]:
+        x, y = rng.normal(0, 1, n), rng.normal(0.8, 1, m)
+        u, p = S.mann_whitney(x, y)
+        if scipy_stats is not None:
+            assert p == pytest.approx(scipy_stats.mannwhitneyu(y, x, alternative="two-sided", method="exact").pvalue)
+    assert S.mann_whitney([1, 2, 3], [4, 5, 6])[1] == pytest.approx(0.1)     # 2 / C(6, 3)
+    for _ in range(300):           # the interval excludes no-shift exactly when the test rejects
+        x, y = rng.normal(0, 1, 10), rng.normal(0.9, 1, 12)
+        _, lo, hi = S.shift_interval(x, y, 0.05)
+        assert (lo > 0 or hi < 0) == (S.mann_whitney(x, y)[1] < 0.05)
