@@ -20,6 +20,7 @@ Fields:
     buffer          keeps an input buffer (buffer_len, flush_period axes apply)
     spec            speculative: spec_window T in 1..8, an acceptance model
     layer           the decode-layer runner (replayssm.layers) builds it
+    e2e             served end to end in vLLM by runners/e2e.py (the stock engine, or ours plugged in)
     vs_eager        the report gives its speedup over eager of the same run
     paper_baseline  the vLLM method it is divided by in the paper-style figure ('' none)
     memory_label    its label in the SSM-memory table (methods with one are that table's default set)
@@ -50,6 +51,7 @@ class Method:
     buffer: bool = False
     spec: bool = False
     layer: bool = False
+    e2e: bool = False
     vs_eager: bool = False
     paper_baseline: str = ""
     memory_label: str = ""
@@ -94,15 +96,16 @@ METHODS: dict[str, Method] = {m.name: m for m in [
        traffic="eager", layer=True, paper_baseline="vllm-eager", memory_label="eager (no speculation)",
        color="#1f77b4"),
     _M("replay", "one decode step from checkpoint + input buffer; the state is written once per flush period",
-       traffic="replay", buffer=True, layer=True, vs_eager=True, paper_baseline="vllm-eager", color="#d62728"),
+       traffic="replay", buffer=True, layer=True, e2e=True, vs_eager=True, paper_baseline="vllm-eager",
+       color="#d62728"),
     _M("replay-dual", "replay with a float32 checkpoint for the flushes and a low-precision copy the steps read",
-       traffic="replay", precision="dual", buffer=True, layer=True, vs_eager=True, paper_baseline="vllm-eager",
-       color="#2ca02c"),
+       traffic="replay", precision="dual", buffer=True, layer=True, e2e=True, vs_eager=True,
+       paper_baseline="vllm-eager", color="#2ca02c"),
     _M("replay-shared-low", "replay with one low-precision checkpoint (state_dtype := lo_dtype)",
        traffic="replay", precision="shared-low", buffer=True, layer=True, vs_eager=True, color="#9467bd"),
     _M("spec-replay", "one speculative round: verify T drafts from checkpoint + buffer, commit m (a cursor move)",
-       traffic="spec-replay", runner="spec", buffer=True, spec=True, vs_eager=True, paper_baseline="vllm-spec",
-       memory_label="ReplaySSM", color="#ff7f0e"),
+       traffic="spec-replay", runner="spec", buffer=True, spec=True, e2e=True, vs_eager=True,
+       paper_baseline="vllm-spec", memory_label="ReplaySSM", color="#ff7f0e"),
     _M("spec-replay-dual", "spec-replay with a float32 checkpoint and a low-precision copy verify reads",
        traffic="spec-replay", runner="spec", precision="dual", buffer=True, spec=True, vs_eager=True,
        memory_label="ReplaySSM dual", color="#bcbd22"),
@@ -110,9 +113,9 @@ METHODS: dict[str, Method] = {m.name: m for m in [
        traffic="spec-perdraft", runner="spec", spec=True, vs_eager=True, paper_baseline="vllm-spec",
        memory_label="per-draft slots (vLLM)", color="#8c564b"),
     _M("vllm-eager", "vLLM's own eager decode kernel, called as its model layers call it",
-       traffic="eager", runner="peers", peer="vllm", color="#7f7f7f"),
+       traffic="eager", runner="peers", peer="vllm", e2e=True, color="#7f7f7f"),
     _M("vllm-spec", "vLLM's own speculative decode kernel (1 + T slots per request)",
-       traffic="spec-perdraft", runner="peers", peer="vllm", spec=True, color="#17becf"),
+       traffic="spec-perdraft", runner="peers", peer="vllm", spec=True, e2e=True, color="#17becf"),
 ]}
 
 _FIELDS = {f.name for f in fields(Method)}

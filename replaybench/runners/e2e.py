@@ -16,7 +16,9 @@ Row columns: tokens_per_s (decode tokens/s, prefill excluded: a run to one outpu
 subtracted), median_us (median time per output token: per decode step), samples,
 mean_accepted_len (spec arms), max_batch (requests the engine's KV/state pool holds at
 max_model_len, at GPU_MEMORY_UTILIZATION), layers_run, layers_full, model_variant,
-architecture, pattern, input_len, output_len, drafter, cuda_graphs, equiv_top1, equiv_max_dlogprob.
+architecture, pattern, input_len, output_len, drafter, cuda_graphs, replay_layers (layers with the
+replay layout: 0 for stock arms, checked), equiv_top1, equiv_max_dlogprob. The engine core runs
+in-process for every arm (VLLM_ENABLE_V1_MULTIPROCESSING=0).
 
 Settings beyond the case (environment, recorded in every row): REPLAYBENCH_E2E_INPUT_LEN (256),
 REPLAYBENCH_E2E_OUTPUT_LEN (512), REPLAYBENCH_E2E_GPU_MEM (0.85), REPLAYBENCH_E2E_DRAFTER
@@ -35,7 +37,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ..methods import get as get_method
+from ..methods import PEER_EAGER, get as get_method, names
 from ..models import get_model
 from . import SkipCase
 
@@ -43,8 +45,9 @@ VLLM_VERSION = "0.26.0"
 EQUIV_TOKENS = 64
 EQUIV_TOP1 = 0.99
 MAX_BATCH = 512                 # max_num_seqs of every engine: one engine serves every batch size
-STOCK, SPEC_STOCK = "vllm-eager", "vllm-spec"
-ARMS = ("vllm-eager", "replay", "replay-dual", "vllm-spec", "spec-replay")
+STOCK = PEER_EAGER                              # vLLM's own engine, no speculation
+SPEC_STOCK = names(peer="vllm", spec=True)[0]   # vLLM's own engine, speculative
+ARMS = names(e2e=True)                          # the methods this runner serves (replaybench.methods)
 
 # MLP / MoE sizes of the study models (/work/shared/MODELS.md); replaybench.models keeps the SSM
 # and attention dims.
@@ -251,14 +254,19 @@ def _check_environment(case) -> None:
 
 
 def _ensure_plugin() -> None:
-    """The engine loads the plugin through its entry point where replaybench is pip-installed;
-    from a plain checkout (PYTHONPATH) register it here and keep the engine core in this
-    process, so the registration applies to it."""
+    """Every arm runs vLLM's engine core in this process (the same conditions for all arms; the
+    plugin registered here applies to it, and the runner can look at the model). Where
+    replaybench is not pip-installed there is no entry point: register the plugin here."""
     from importlib.metadata import entry_points
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if not any(ep.value.startswith("replayssm.vllm") for ep in entry_points(group="vllm.general_plugins")):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import replayssm.vllm
         replayssm.vllm.register()
+
+
+def replay_layer_count(model) -> int:
+    """Layers of a loaded vLLM model that run with the replay layout (apply_model callback)."""
+    return sum(1 for m in model.modules() if getattr(m, "replay", None) is not None)
 
 
 def _generate(llm, batch_prompts, max_tokens: int, logprobs: int | None = None):
@@ -329,11 +337,14 @@ def run(case, ctx) -> dict:
     a = arm(case)
     cfg = model_config(case.model, st["qwen_arch"], st["drafter"])
     model_dir = write_model_dir(st["model_dir"], case.model, cfg)
-    if a["replay"]:
-        _ensure_plugin()
+    _ensure_plugin()
     kwargs = engine_kwargs(case, st, model_dir)
     key = (case.model, json.dumps(a, sort_keys=True), case.state_dtype)
     llm = _ENGINES.get(key, kwargs)
+    n_replay = sum(llm.apply_model(replay_layer_count))
+    if bool(n_replay) != bool(a["replay"]):      # never time a replay arm that silently ran stock
+        raise RuntimeError(f"{case.method}: {n_replay} layers of the engine run the replay layout; expected "
+                           f"{'all SSM layers' if a['replay'] else 'none'} (is the plugin registered?)")
     vocab = cfg.get("vocab_size") or cfg["text_config"]["vocab_size"]
     batch_prompts = prompts(vocab, case.batch, st["input_len"], seed=case.seed)
     row = {"model_variant": model.name, "layers_run": model.n_layers, "layers_full": _base(model).n_layers,
@@ -341,7 +352,7 @@ def run(case, ctx) -> dict:
            "input_len": st["input_len"], "output_len": st["output_len"],
            "gpu_memory_utilization": st["gpu_memory_utilization"],
            "drafter": kwargs.get("speculative_config", {}).get("method", ""),
-           "cuda_graphs": not kwargs["enforce_eager"]}
+           "cuda_graphs": not kwargs["enforce_eager"], "replay_layers": n_replay}
 
     # equivalence before any timing (same dummy weights: vLLM seeds them; same prompts)
     eq_prompts = prompts(vocab, min(case.batch, 64), st["input_len"], seed=1000 + case.seed)
