@@ -17,6 +17,7 @@ from replaybench.models import get_model
 STATE_TARGET_BYTES = 1 << 30        # all layers' states together, >> the L2 cache
 MAX_LAYERS = 64
 K = 16                              # buffer length = flush period
+DEVICE = "cuda"
 
 
 def _layers(state_bytes_per_layer: int) -> int:
@@ -52,6 +53,7 @@ def _replay_layer(op: str, dims, batch: int, device: str, gen):
 
 
 def _inputs(op: str, dims, batch: int, device: str, gen):
+    """One step's inputs (drawn on the CPU generator `gen`, moved to `device`) and parameters."""
     from replayssm.inputs import GDNShape, Mamba2Shape, gdn_step_inputs, mamba2_params, mamba2_step_inputs
     if op == "mamba2":
         sh = Mamba2Shape(dims.nheads, dims.head_dim, dims.d_state, dims.n_groups)
@@ -67,12 +69,12 @@ def test_replay_step(gpu_benchmark, model, batch):
 
     from replayssm import gdn, mamba2
     m = get_model(model)
-    op, dims, device = m.op, m.ssm, "cuda"
+    op, dims, device = m.op, m.ssm, DEVICE
     gen = torch.Generator(device=device).manual_seed(0)
     first = _replay_layer(op, dims, batch, device, gen)
     states = [first] + [_replay_layer(op, dims, batch, device, gen)
-                        for _ in range(_layers(first.state_bytes_per_slot * batch) - 1)]
-    inp, params = _inputs(op, dims, batch, device, gen)
+                        for _ in range(_layers(first.state_bytes_per_slot() * batch) - 1)]
+    inp, params = _inputs(op, dims, batch, device, torch.Generator().manual_seed(1))
     idx = torch.arange(batch, dtype=torch.int32, device=device)
     step = (mamba2 if op == "mamba2" else gdn).replay_step
 
@@ -93,12 +95,12 @@ def test_eager_step_cold_l2(gpu_benchmark, model):
     from replayssm import gdn, mamba2
     from replayssm.inputs import random_state
     m = get_model(model)
-    op, dims, device = m.op, m.ssm, "cuda"
+    op, dims, device = m.op, m.ssm, DEVICE
     gen = torch.Generator(device=device).manual_seed(0)
     heads, rows, cols = ((dims.nheads, dims.head_dim, dims.d_state) if op == "mamba2"
                          else (dims.num_v_heads, dims.head_v_dim, dims.head_k_dim))
     state = random_state(1, heads, rows, cols, torch.float32, device, gen)
-    inp, params = _inputs(op, dims, 1, device, gen)
+    inp, params = _inputs(op, dims, 1, device, torch.Generator().manual_seed(1))
     idx = torch.zeros(1, dtype=torch.int32, device=device)
     step = (mamba2 if op == "mamba2" else gdn).eager_step
     t = gpu_benchmark(lambda: step(state, **inp, **params, state_indices=idx), flush_l2=True, max_time_s=0.5)
