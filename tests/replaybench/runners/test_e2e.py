@@ -78,3 +78,15 @@ def test_equivalence_rule():
     assert ok["equiv_ok"] and ok["equiv_top1"] == 1.0 and abs(ok["equiv_max_dlogprob"] - 0.05) < 1e-9
     bad = e2e.equivalence(ref, lp, [[1, 2, 3], [4, 9, 9]], lp)
     assert not bad["equiv_ok"] and bad["equiv_top1"] == pytest.approx(4 / 6)
+
+
+def test_replay_layer_count_finds_layers_with_the_replay_layout():
+    import torch
+
+    class Layer(torch.nn.Module):
+        def __init__(self, replay):
+            super().__init__()
+            self.replay = replay
+
+    model = torch.nn.Sequential(Layer(None), Layer({"mode": "replay"}), torch.nn.Linear(2, 2), Layer({"mode": "x"}))
+    assert e2e.replay_layer_count(model) == 2

@@ -163,3 +163,31 @@ def test_prefill_hooks_fold_continued_and_reset_new_sequences():
     decode.mamba2_before_prefill(rs, p["A"], blocks, torch.tensor([True, False]), backend="reference")
     assert int(rs.entries(torch.tensor([5]))) == 0 and int(rs.cursor[2]) == 0
     torch.testing.assert_close(rs.hi.data[5], S[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_triton_ops_on_page_views(family):
+    """The plugin refuses backend='triton' while the Triton ops reject vLLM's page views
+    (docs/vllm.md lists what they must accept); once they take them, they must match the
+    reference on them, and engine.KERNELS_ACCEPT_PAGE_STRIDES can be flipped."""
+    from replayssm.vllm.engine import KERNELS_ACCEPT_PAGE_STRIDES
+    gen = torch.Generator().manual_seed(4)
+    outs = {}
+    for backend in ("reference", "triton"):
+        cfg, rs, pending = _pages(family, "replay", 0)
+        idx = decode.state_indices(BLOCKS)
+        if family == "mamba2":
+            p, inp = mamba2_params(M2, gen=torch.Generator().manual_seed(5)), mamba2_step_inputs(
+                M2, len(BLOCKS), gate=False, gen=torch.Generator().manual_seed(6))
+            call = lambda: mamba2.replay_step(rs, inp["x"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"],  # noqa: E731
+                                              p["dt_bias"], None, idx, backend=backend)
+        else:
+            inp = gdn_step_inputs(GD, len(BLOCKS), gen=torch.Generator().manual_seed(6))
+            call = lambda: gdn.replay_step(rs, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], idx,  # noqa: E731
+                                           backend=backend)
+        if backend == "triton" and not KERNELS_ACCEPT_PAGE_STRIDES:
+            with pytest.raises(ValueError, match="contiguous"):
+                call()
+            return
+        outs[backend] = call()
+    torch.testing.assert_close(outs["triton"][LIVE].float(), outs["reference"][LIVE].float(), rtol=2e-2, atol=2e-2)
