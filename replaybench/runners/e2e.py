@@ -76,21 +76,27 @@ def _base(model):
 
 
 def nemotron_pattern(model) -> str:
-    """The hybrid_override_pattern of a (possibly depth-reduced) NemotronH model: the base
-    pattern sampled evenly, so the ratio of Mamba-2, attention and MLP/MoE layers is kept."""
+    """The hybrid_override_pattern of a (possibly depth-reduced) NemotronH model: the model's
+    Mamba-2 and attention layer counts (replaybench.models), the rest MLP / MoE, each kind
+    taken evenly from the full model's pattern and kept in its order there."""
     base = _base(model)
     pat = base.pattern
     if not pat:
         raise ValueError(f"{base.name}: no layer pattern in replaybench.models")
     if model.n_layers == len(pat):
         return pat
-    n = model.n_layers
-    out = [pat[min(len(pat) - 1, int(i * len(pat) / n))] for i in range(n)]
-    if "*" not in out and "*" in pat:        # keep at least one attention layer
-        out[len(out) // 2] = "*"
-    if "M" not in out:
-        out[0] = "M"
-    return "".join(out)
+    mlp = [c for c in "E-" if c in pat]
+    n_mlp = model.n_layers - model.n_ssm_layers - model.n_attn_layers
+    want = {"M": model.n_ssm_layers, "*": model.n_attn_layers}
+    full_mlp = sum(pat.count(c) for c in mlp)
+    for i, c in enumerate(mlp):   # MLP kinds in the full model's proportion
+        want[c] = n_mlp - sum(want.get(x, 0) for x in mlp[:i]) if i == len(mlp) - 1 else \
+            round(n_mlp * pat.count(c) / full_mlp)
+    picked = []
+    for c, n in want.items():
+        where = [i for i, ch in enumerate(pat) if ch == c]
+        picked += [where[int((k + 0.5) * len(where) / n)] for k in range(n)] if n else []
+    return "".join(pat[i] for i in sorted(picked))
 
 
 def qwen_layer_types(model) -> list[str]:
