@@ -89,3 +89,37 @@ def test_replay_layer_count_finds_layers_with_the_replay_layout():
 
     model = torch.nn.Sequential(Layer(None), Layer({"mode": "replay"}), torch.nn.Linear(2, 2), Layer({"mode": "x"}))
     assert e2e.replay_layer_count(model) == 2
+
+
+def _vllm_or_skip():
+    try:
+        import vllm
+        if getattr(vllm, "__file__", None) is None or vllm.__version__ != "0.26.0":
+            raise ImportError("no vLLM 0.26.0")
+    except Exception as e:
+        pytest.skip(f"vLLM 0.26.0 not importable ({type(e).__name__}: {e})")
+
+
+# Nano-4B's pattern has '-' (dense MLP), which the CPU test install's transformers 5.5.3 rejects
+@pytest.mark.parametrize("name", ["nemotron-3-super-120b-a12b@d0.25", "qwen3.5-4b", "qwen3.5-122b-a10b@d0.25"])
+def test_vllm_parses_the_model_configs_and_plans_replay_pages(name, tmp_path):
+    """vLLM's own config classes take the generated config.json, and the plugin's model class
+    declares its layout on it (run where vLLM 0.26.0 imports)."""
+    _vllm_or_skip()
+    import replayssm.vllm as plugin
+    from replayssm.vllm.layout import page_bytes
+    from vllm import ModelRegistry
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
+    plugin.register()
+    d = e2e.write_model_dir(str(tmp_path), name, e2e.model_config(name))
+    mc = ModelConfig(model=d, skip_tokenizer_init=True, dtype="bfloat16")
+    vc = VllmConfig(model_config=mc, device_config=DeviceConfig(device="cpu"),
+                    cache_config=CacheConfig(mamba_ssm_cache_dtype="float32", enable_prefix_caching=False),
+                    additional_config={"replayssm": {"mode": "replay", "backend": "reference"}})
+    cls = ModelRegistry.models[mc.architecture].load_model_cls()
+    shapes, dtypes = cls.get_mamba_state_shape_from_config(vc), cls.get_mamba_state_dtype_from_config(vc)
+    ssm = dict(get_model(name).dims)
+    assert shapes[1] == ((ssm["nheads"], ssm["head_dim"], ssm["d_state"]) if "nheads" in ssm else
+                         (ssm["num_v_heads"], ssm["head_v_dim"], ssm["head_k_dim"]))
+    assert dtypes[1] == __import__("torch").float32 and len(shapes) > 2
+    assert page_bytes(shapes, dtypes) > page_bytes(shapes[:2], dtypes[:2])
