@@ -182,6 +182,7 @@ def engine_kwargs(case, st: dict, model_dir: str) -> dict:
               max_num_seqs=MAX_BATCH, max_model_len=st["input_len"] + st["output_len"] + 16 + a["num_spec"],
               gpu_memory_utilization=st["gpu_memory_utilization"], enable_prefix_caching=False,
               mamba_ssm_cache_dtype=case.state_dtype,
+              disable_log_stats=False,    # the spec-decode counters (mean accepted length)
               # the reference backend syncs with the host: no CUDA graphs (the plugin refuses them)
               enforce_eager=bool(a["replay"] and a["replay"]["backend"] == "reference"))
     if a["replay"]:
@@ -229,12 +230,14 @@ class _Engines:
             import gc
 
             import torch
+            from vllm.distributed import cleanup_dist_env_and_memory
             try:
                 self.llm.llm_engine.engine_core.shutdown()
             except Exception:
                 pass
             self.llm, self.key = None, None
             gc.collect()
+            cleanup_dist_env_and_memory()    # the next engine of this process starts a fresh group
             torch.cuda.empty_cache()
 
 
@@ -325,15 +328,20 @@ def _max_batch(llm, max_model_len: int) -> float:
         return float("nan")
 
 
-def _mean_accepted(llm) -> float:
-    """Mean accepted tokens per verify step (1 + accepted drafts) from vLLM's spec-decode metrics."""
+def _spec_counters(llm) -> tuple[float, float]:
+    """(drafts, accepted draft tokens) so far: vLLM's spec-decode counters (cumulative)."""
     try:
         m = {x.name: x for x in llm.get_metrics()}
-        drafts = m["vllm:spec_decode_num_drafts"].value
-        accepted = m["vllm:spec_decode_num_accepted_tokens"].value
-        return 1.0 + accepted / drafts if drafts else float("nan")
+        return (float(m["vllm:spec_decode_num_drafts"].value),
+                float(m["vllm:spec_decode_num_accepted_tokens"].value))
     except Exception:
-        return float("nan")
+        return float("nan"), float("nan")
+
+
+def mean_accepted(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Mean tokens a verify step keeps (1 + accepted drafts) between two counter readings."""
+    drafts, accepted = after[0] - before[0], after[1] - before[1]
+    return 1.0 + accepted / drafts if drafts > 0 else float("nan")
 
 
 def run(case, ctx) -> dict:
@@ -379,7 +387,7 @@ def run(case, ctx) -> dict:
                                f"{eq['equiv_max_dlogprob']:.3g})")
 
     _generate(llm, batch_prompts, 4)                               # warm-up at this batch
-    times = []
+    times, before = [], _spec_counters(llm)
     for _ in range(max(1, st["repeats"])):
         _, t1 = _generate(llm, batch_prompts, 1)                   # prefill + first token
         _, tn = _generate(llm, batch_prompts, st["output_len"])
@@ -388,5 +396,5 @@ def run(case, ctx) -> dict:
     q = statistics.quantiles(times, n=4) if len(times) >= 2 else [step, step, step]
     row.update(median_us=step * 1e6, iqr_us=(q[2] - q[0]) * 1e6, samples=len(times),
                tokens_per_s=case.batch / step, max_batch=_max_batch(llm, kwargs["max_model_len"]),
-               mean_accepted_len=_mean_accepted(llm) if a["num_spec"] else float("nan"))
+               mean_accepted_len=mean_accepted(before, _spec_counters(llm)) if a["num_spec"] else float("nan"))
     return row

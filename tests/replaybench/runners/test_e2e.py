@@ -123,3 +123,8 @@ def test_vllm_parses_the_model_configs_and_plans_replay_pages(name, tmp_path):
                          (ssm["num_v_heads"], ssm["head_v_dim"], ssm["head_k_dim"]))
     assert dtypes[1] == __import__("torch").float32 and len(shapes) > 2
     assert page_bytes(shapes, dtypes) > page_bytes(shapes[:2], dtypes[:2])
+
+
+def test_mean_accepted_length_between_counter_readings():
+    assert e2e.mean_accepted((10.0, 5.0), (30.0, 35.0)) == 2.5        # 20 drafts, 30 accepted tokens
+    assert e2e.mean_accepted((1.0, 1.0), (1.0, 1.0)) != e2e.mean_accepted((1.0, 1.0), (1.0, 1.0))   # nan
