@@ -200,7 +200,7 @@ def test_report_section(tmp_path):
 def test_scenarios_parse():
     smoke = load_scenario(ROOT / "scenarios" / "drift-smoke.toml")
     assert smoke.runner == "drift" and len(smoke.cases) == 20
-    assert {c.steps for c in smoke.cases} == {128} and {c.backend for c in smoke.cases} == {"reference"}
+    assert {c.steps for c in smoke.cases} == {96} and {c.backend for c in smoke.cases} == {"reference"}
     gpu = load_scenario(ROOT / "scenarios" / "h200-drift.toml")
     assert len(gpu.cases) == 40 and {c.steps for c in gpu.cases} == {8192}
     assert {c.backend for c in gpu.cases} == {"triton"} and {c.batch for c in gpu.cases} == {64}
