@@ -28,6 +28,12 @@ def test_scenario_covers_every_arm_model_and_batch(scenario):
                                                         if c.method == "spec-replay")
 
 
+def test_check_scenario_runs_the_plugin_arms_after_stock():
+    cases = load_scenario("scenarios/h200-e2e-check.toml").cases
+    assert [c.method for c in cases[:4]] == ["vllm-eager", "replay", "replay-dual", "spec-replay"]
+    assert {c.backend for c in cases if c.method != "vllm-eager"} == {"reference"}
+
+
 def test_refused_on_a_cpu_machine(scenario):
     import torch
     if torch.cuda.is_available():
