@@ -81,6 +81,9 @@ def drift_table(long: pd.DataFrame) -> pd.DataFrame:
     out = []
     for model, gm in long.groupby("model", sort=False):
         steps = [s for s in TABLE_STEPS if (gm["step"] == s).any()]
+        last_step = int(gm["step"].max())
+        if last_step not in steps:          # a run that stops short of (or between) the table's steps
+            steps.append(last_step)
         for cfg in _order(gm["config"].unique()):
             g = gm[gm["config"] == cfg].sort_values("step")
             row = {"model": model, "config": cfg}
