@@ -63,6 +63,21 @@ class _ReplayLayer:
     def _spec(self, spec):
         return spec if self.replay is None else dataclasses.replace(spec, num_speculative_blocks=0)
 
+    def _run_vllm(self, raw: dict, md, indices_field: str, forward, *args):
+        """vLLM's own forward of this layer, with the decode call routed to the replay ops.
+        With one page per request vLLM's eager path gets a one-column block table where its
+        conv kernel reads the window length from the column count (1 + num_spec): widen it
+        (every column is the request's one block) for this layer's call."""
+        t = getattr(md, indices_field, None)
+        if self.num_spec and t is not None and t.dim() == 2 and t.shape[1] != 1 + self.num_spec:
+            raw[self.prefix] = dataclasses.replace(md, **{indices_field: t[:, :1].expand(-1, 1 + self.num_spec)})
+        _running.layer = self
+        try:
+            return forward(*args)
+        finally:
+            _running.layer = None
+            raw[self.prefix] = md
+
 
 class ReplayMambaMixer2(_ReplayLayer, MambaMixer2):
     FAMILY = "mamba2"
@@ -95,11 +110,7 @@ class ReplayMambaMixer2(_ReplayLayer, MambaMixer2):
         if md.num_prefills > 0:
             decode.mamba2_before_prefill(rs, self.A, md.state_indices_tensor_p, md.has_initial_states_p,
                                          backend=self.replay.backend)
-        _running.layer = self
-        try:
-            super().conv_ssm_forward(projected_states, output)
-        finally:
-            _running.layer = None
+        self._run_vllm(raw, md, "state_indices_tensor_d", super().conv_ssm_forward, projected_states, output)
         if md.num_prefills > 0:
             decode.after_prefill(rs, pending, md.state_indices_tensor_p)
 
@@ -152,11 +163,7 @@ class ReplayQwenGatedDeltaNetAttention(_ReplayLayer, QwenGatedDeltaNetAttention)
         prefill_idx = getattr(md, "prefill_state_indices", None) if md.num_prefills > 0 else None
         if prefill_idx is not None:
             decode.gdn_before_prefill(rs, prefill_idx, md.prefill_has_initial_state, backend=self.replay.backend)
-        _running.layer = self
-        try:
-            super()._forward_core(mixed_qkv, b, a, core_attn_out)
-        finally:
-            _running.layer = None
+        self._run_vllm(raw, md, "spec_state_indices_tensor", super()._forward_core, mixed_qkv, b, a, core_attn_out)
         if prefill_idx is not None:
             decode.after_prefill(rs, pending, prefill_idx)
 

@@ -340,3 +340,29 @@ def test_refuses_unsupported_model(dist, models, tmp_path):
                     cache_config=vc.cache_config, prefix=f"model.layers.{next(_n)}.mixer")
     with pytest.raises(ReplayConfigError, match="mode"):
         engine.engine_config(make_config(models["nemotron_h"], {"mode": "fast"}))
+
+
+def test_one_column_block_table_is_widened_for_vllms_conv_call(dist, models):
+    """One page per request: vLLM's eager path hands a (n, 1) block table where its conv kernel
+    reads the window length from the column count; the layer widens it for its own call only."""
+    import dataclasses as dc
+
+    from replayssm.vllm import layers
+
+    @dc.dataclass
+    class MD:
+        state_indices_tensor_d: torch.Tensor
+
+    vc = make_config(models["nemotron_h"], {"mode": "replay", "backend": "reference"}, spec=3)
+    layer = mamba2_layer(vc)
+    md = MD(torch.tensor([[7], [0]], dtype=torch.int32))
+    raw = {layer.prefix: md}
+    seen = {}
+
+    def forward():
+        seen["t"] = raw[layer.prefix].state_indices_tensor_d
+        seen["running"] = layers._running.layer
+
+    layer._run_vllm(raw, md, "state_indices_tensor_d", forward)
+    assert seen["t"].shape == (2, 4) and seen["t"].tolist() == [[7] * 4, [0] * 4] and seen["running"] is layer
+    assert raw[layer.prefix] is md and layers._running.layer is None
