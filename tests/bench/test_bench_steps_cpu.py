@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-import test_replay_step as ex
+import test_bench_steps as ex
 
 
 @pytest.fixture

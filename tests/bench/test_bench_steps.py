@@ -6,7 +6,8 @@
 One sample is a whole flush period (K decode steps) over enough independent layer states that
 they stream from HBM, as replaybench's kernel runner measures (runners/kernel.py); the stored
 time is per step per layer. Without CUDA every test here skips at set-up with the fixture's
-reason (replaybench/pytest_plugin.py).
+reason (replaybench/pytest_plugin.py). The fixture comes from the installed package's pytest
+plugin (entry point pytest11 `replaybench`; `pip install -e .`).
 """
 import math
 
