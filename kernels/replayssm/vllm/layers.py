@@ -19,6 +19,7 @@ What they change:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 
@@ -35,6 +36,21 @@ from .engine import engine_config
 from .layout import extend, gdn_state, mamba2_state, replay_fields
 
 _running = threading.local()     # .layer: the replay layer whose step is inside vLLM's forward
+
+
+@contextlib.contextmanager
+def running(layer):
+    """While vLLM's forward of `layer` runs, its routed decode call goes to the replay ops."""
+    _running.layer = layer
+    try:
+        yield
+    finally:
+        _running.layer = None
+
+
+def running_layer():
+    """The replay layer whose vLLM forward is running (None outside one)."""
+    return getattr(_running, "layer", None)
 
 
 class _ReplayLayer:
@@ -71,11 +87,10 @@ class _ReplayLayer:
         t = getattr(md, indices_field, None)
         if self.num_spec and t is not None and t.dim() == 2 and t.shape[1] != 1 + self.num_spec:
             raw[self.prefix] = dataclasses.replace(md, **{indices_field: t[:, :1].expand(-1, 1 + self.num_spec)})
-        _running.layer = self
         try:
-            return forward(*args)
+            with running(self):
+                return forward(*args)
         finally:
-            _running.layer = None
             raw[self.prefix] = md
 
 
@@ -192,16 +207,16 @@ def _route(name: str, module, method: str, kind: type):
     """Replace `module.name` by a function that sends the call to the running replay layer's
     `method` when one of `kind` is running, else to the original."""
     original = getattr(module, name)
-    if getattr(original, "_replayssm_original", None) is not None:
+    if getattr(original, "replayssm_original", None) is not None:
         return                                     # already routed (register() runs repeatedly)
 
     def routed(*args, **kwargs):
-        layer = getattr(_running, "layer", None)
+        layer = running_layer()
         if isinstance(layer, kind):
             return getattr(layer, method)(*args, **kwargs)
         return original(*args, **kwargs)
 
-    routed._replayssm_original = original
+    routed.replayssm_original = original
     routed.__name__ = routed.__qualname__ = name
     setattr(module, name, routed)
 

@@ -143,8 +143,8 @@ def test_register_is_idempotent_and_routes_only_replay_layers(dist):
     plugin.register()
     assert op_registry_oot["MambaMixer2"] is ReplayMambaMixer2
     assert op_registry_oot["QwenGatedDeltaNetAttention"] is ReplayQwenGatedDeltaNetAttention
-    assert mamba_mixer2.selective_state_update._replayssm_original is ssu_dispatch.selective_state_update
-    assert qwen_gdn_linear_attn.fused_sigmoid_gating_delta_rule_update._replayssm_original is \
+    assert mamba_mixer2.selective_state_update.replayssm_original is ssu_dispatch.selective_state_update
+    assert qwen_gdn_linear_attn.fused_sigmoid_gating_delta_rule_update.replayssm_original is \
         fused_sigmoid_gating_delta_rule_update
     for arch in plugin.SUPPORTED_ARCHITECTURES:
         from vllm import ModelRegistry
@@ -246,14 +246,11 @@ def test_mamba2_layer_decode_through_vllms_call(dist, models):
         dt = torch.randn(3, H, generator=gen)
         B, C = (torch.randn(3, G, N, generator=gen).bfloat16() for _ in range(2))
         out = torch.zeros(3, H, P, dtype=torch.bfloat16)
-        layers._running.layer = layer
-        try:   # the arguments as vLLM's conv_ssm_forward passes them
+        with layers.running(layer):   # the arguments as vLLM's conv_ssm_forward passes them
             m2.selective_state_update(rs.hi.data, x, dt[:, :, None].expand(-1, -1, P),
                                       A[:, None, None].expand(-1, P, N), B, C, D[:, None].expand(-1, P),
                                       dt_bias[:, None].expand(-1, P), dt_softplus=True, state_batch_indices=blocks,
                                       dst_state_batch_indices=blocks, out=out)
-        finally:
-            layers._running.layer = None
         y = mamba2.eager_step(S, x, dt, A, B, C, D, dt_bias, None, None, backend="reference")
         torch.testing.assert_close(out[[0, 2]].float(), y[[0, 2]].float(), rtol=2e-2, atol=2e-2)
     assert int(pending.sum()) == 0 and (rs.entries(torch.tensor([3, 1])) < 2).all()
@@ -276,14 +273,11 @@ def test_gdn_layer_decode_through_vllms_call(dist, models):
         qq, kk = (torch.randn(1, 2 * T, Hk, dk, generator=gen).bfloat16() for _ in range(2))
         vv = torch.randn(1, 2 * T, Hv, dv, generator=gen).bfloat16()
         a, b = torch.randn(2 * T, Hv, generator=gen), torch.randn(2 * T, Hv, generator=gen)
-        layers._running.layer = layer
-        try:
+        with layers.running(layer):
             o, _ = q.fused_sigmoid_gating_delta_rule_update(
                 A_log=A_log, a=a, b=b, dt_bias=dt_bias, q=qq, k=kk, v=vv, initial_state=rs.hi.data,
                 inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=blocks, num_accepted_tokens=accepted,
                 use_qk_l2norm_in_kernel=True)
-        finally:
-            layers._running.layer = None
         g, beta = decode.gdn_gates(A_log, a, b, dt_bias)
         W, states = S.clone(), []
         for t in range(T):
@@ -361,8 +355,8 @@ def test_one_column_block_table_is_widened_for_vllms_conv_call(dist, models):
 
     def forward():
         seen["t"] = raw[layer.prefix].state_indices_tensor_d
-        seen["running"] = layers._running.layer
+        seen["running"] = layers.running_layer()
 
     layer._run_vllm(raw, md, "state_indices_tensor_d", forward)
     assert seen["t"].shape == (2, 4) and seen["t"].tolist() == [[7] * 4, [0] * 4] and seen["running"] is layer
-    assert raw[layer.prefix] is md and layers._running.layer is None
+    assert raw[layer.prefix] is md and layers.running_layer() is None
