@@ -310,8 +310,9 @@ def add_arguments(c) -> None:
     c.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (pull-request comment)")
     c.add_argument("--scenario", metavar="FILE",
                    help="take the [check] table from this scenario (default: the one stored with BASE)")
-    c.add_argument("--allow-device-mismatch", action="store_true")
-    c.add_argument("--results-dir", default="results")
+    c.add_argument("--allow-device-mismatch", action="store_true",
+                   help="compare runs made on different devices (refused by default: their times are not comparable)")
+    c.add_argument("--results-dir", default="results", help="where runs are stored (default: results)")
     c.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="--revs: where to measure")
     c.add_argument("--inject", type=float, action="append", default=[], metavar="FRACTION",
                    help="--revs, validation of the gate: also measure NEW_REV with an extra read of FRACTION "

@@ -1,9 +1,4 @@
-"""``replaybench sweep | report | check | models | memory | env``.
-
-Exit codes: 0 ok; 1 failure (regression in ``check``, report failure, error rows
-with --fail-on-error); 2 bad input (scenario errors, unknown run, runner not
-available) -- nothing is written then; 130 interrupted.
-"""
+"""The replaybench command line: sweep, report, check, models, memory, env (see DESCRIPTION)."""
 
 from __future__ import annotations
 
@@ -16,6 +11,27 @@ from pathlib import Path
 from .scenario import REPO_ROOT, locate  # noqa: F401  (locate: also the CLI's public helper)
 DEFAULT_CPU_SCENARIO = "scenarios/smoke.toml"
 DEFAULT_GPU_SCENARIO = "scenarios/h200-default.toml"
+
+DESCRIPTION = """\
+replaybench: a benchmark and roofline suite for ReplaySSM decode kernels (Mamba-2 and Gated
+DeltaNet). A scenario file lists the cases; `sweep` runs them (checking every kernel against the
+reference first), stores one row per case under results/<run-id>/ and writes a report under
+reports/<run-id>/; `check` compares two runs as a regression gate."""
+
+EPILOG = """\
+examples:
+  replaybench sweep                              # the CPU smoke scenario (h200-default on a GPU)
+  replaybench sweep scenarios/h200-kernels-fp32.toml --dry-run   # the plan; writes nothing
+  replaybench report h200-kernels-fp32-20261203-nvidia-h200      # regenerate a report from stored rows
+  replaybench check BASE_RUN NEW_RUN --threshold 0.02             # regression gate
+  replaybench models; replaybench memory; replaybench env --ceilings
+
+exit codes:
+  0    ok
+  1    a regression (check), error rows in a sweep (unless --keep-going-ok), or a failed report
+  2    bad input: scenario or argument errors, unknown run, unwritable directory, a GPU scenario
+       without a GPU; nothing is written then
+  130  interrupted (rerun the same command to resume)"""
 
 
 def _err(msg: str) -> None:
@@ -35,19 +51,31 @@ def default_scenario() -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="replaybench", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="replaybench", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    dirs = dict(results=("--results-dir", "results", "where runs are stored (default: results)"),
+                reports=("--reports-dir", "reports", "where reports are written (default: reports)"))
 
-    s = sub.add_parser("sweep", help="run (or resume) a scenario")
-    s.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/smoke.toml "
-                   "without a GPU, scenarios/h200-default.toml with one if it exists)")
+    def add_dir(parser, which):
+        flag, default, text = dirs[which]
+        parser.add_argument(flag, default=default, help=text)
+
+    s = sub.add_parser("sweep", help="run (or resume) a scenario: check, time, store rows, write the report",
+                       description="Run the cases of a scenario that have no row yet (rerunning the same "
+                                   "command resumes), then write the report. Exits 1 if any row is an error "
+                                   "(unless --keep-going-ok).")
+    s.add_argument("scenario", nargs="?", help="scenario TOML, or a name under scenarios/ (default: "
+                   "scenarios/smoke.toml without a GPU, scenarios/h200-default.toml with one)")
     s.add_argument("--dry-run", action="store_true", help="print the plan; write nothing")
     s.add_argument("--run-id", help="run id (default: derived from scenario + device; same "
                    "command resumes the same run)")
     s.add_argument("--new", action="store_true", help="start a fresh run (timestamped id)")
-    s.add_argument("--results-dir", default="results")
-    s.add_argument("--reports-dir", default="reports")
-    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_dir(s, "results")
+    add_dir(s, "reports")
+    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to run (default auto: the GPU if there is one); an explicit cpu also runs "
+                        "a scenario made for a GPU")
     s.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     s.add_argument("--no-ceilings", action="store_true",
                    help="skip measuring copy/read/matmul ceilings (pct_copy_bw stays empty)")
@@ -55,23 +83,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ncu", action="store_true",
                    help="also measure DRAM bytes per step with Nsight Compute (GPU, kernel runner)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.add_argument("--fail-on-error", action="store_true", help="exit 1 if any row is an error")
+    s.add_argument("--keep-going-ok", action="store_true",
+                   help="exit 0 even if some rows are errors (default: exit 1 and say how many)")
+    s.add_argument("--fail-on-error", action="store_true", help=argparse.SUPPRESS)   # the default now
 
-    r = sub.add_parser("report", help="regenerate reports/<run-id>/ from stored rows")
+    r = sub.add_parser("report", help="regenerate reports/<run-id>/ from stored rows (runs no kernel)",
+                       description="Regenerate a run's report (report.md, report.html, figures) from its "
+                                   "stored rows.")
     r.add_argument("run", help="run id (under --results-dir) or run directory")
     r.add_argument("--compare", metavar="OTHER_RUN",
                    help="a repeat of RUN on the same device: add its run-to-run spread (per-case "
                         "|OTHER/RUN - 1| of the medians, matched as `check` matches) as spread.png/.svg/.csv "
                         "and a report section")
-    r.add_argument("--results-dir", default="results")
-    r.add_argument("--reports-dir", default="reports")
+    add_dir(r, "results")
+    add_dir(r, "reports")
 
     c = sub.add_parser("check", help="regression gate: compare NEW against BASE (two runs, or two "
                        "git revisions measured interleaved with --revs)")
     from .check import add_arguments as add_check_arguments
     add_check_arguments(c)
 
-    m = sub.add_parser("models", help="print the model table")
+    m = sub.add_parser("models", help="print the model table (SSM dims, state bytes per layer and sequence)")
     m.add_argument("names", nargs="*", help="models to show (scaled names like "
                    "'nemotron-3-nano-4b@d0.5w2' allowed); default all")
 
@@ -83,10 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--buffer-len", type=int, default=20, help="ReplaySSM buffer capacity L >= K + T (default 20)")
     mm.add_argument("--flush-period", type=int, default=16, help="ReplaySSM flush period K (default 16)")
 
-    e = sub.add_parser("env", help="device info and versions")
-    e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    e.add_argument("--ceilings", action="store_true", help="also measure the ceilings")
-    e.add_argument("--json", action="store_true")
+    e = sub.add_parser("env", help="device info and versions (and the measured ceilings)")
+    e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="the device to describe (default auto: the GPU if there is one)")
+    e.add_argument("--ceilings", action="store_true",
+                   help="also measure the copy / read bandwidth and matmul ceilings (a few seconds)")
+    e.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
 
@@ -120,6 +154,10 @@ def cmd_sweep(args, argv) -> int:
     except RuntimeError as e:
         _err(str(e))
         return 2
+    if scenario.device == "gpu" and dev == "cpu" and args.device != "cpu":
+        _err(f"scenario {scenario.name!r} is for a GPU and none is visible here; --device cpu runs it on "
+             f"the CPU anyway (slow: the Triton interpreter)")
+        return 2
     if args.dry_run:
         from .hardware import device_info
         from .store import RunStore
@@ -142,7 +180,8 @@ def cmd_sweep(args, argv) -> int:
                         reports_dir=args.reports_dir, run_id=args.run_id, new=args.new,
                         argv=["replaybench"] + argv, report=not args.no_report,
                         progress=not args.no_progress, measure_ceilings=not args.no_ceilings,
-                        retry_errors=args.retry_errors, ncu=args.ncu)
+                        retry_errors=args.retry_errors, ncu=args.ncu,
+                        log=lambda line: print(f"replaybench: {line}", file=sys.stderr))
     except (RunnerError, StoreError) as e:
         _err(str(e))
         return 2
@@ -155,7 +194,9 @@ def cmd_sweep(args, argv) -> int:
     if res.report_error:
         _err(f"report failed: {res.report_error} (rows are safe; see {res.run_dir / 'errors.log'})")
         return 1
-    if args.fail_on_error and c.get("error", 0):
+    if c.get("error", 0) and not args.keep_going_ok:
+        _err(f"{c['error']} case(s) ended in an error (first lines in the rows, tracebacks in "
+             f"{res.run_dir / 'errors.log'}); exit 1 (--keep-going-ok: exit 0)")
         return 1
     return 0
 

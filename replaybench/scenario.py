@@ -82,7 +82,10 @@ AXES: dict[str, list[Any]] = {
 }
 SWEEP_KEYS = tuple(AXES) + ("seed", "invalid")
 TOP_KEYS = ("scenario", "timing", "sweep", "check")
-SCENARIO_KEYS = ("name", "description", "runner")
+SCENARIO_KEYS = ("name", "description", "runner", "device")
+# what device a scenario is for: "gpu" is refused on a machine without one unless --device cpu
+# is given explicitly; "cpu" / "any" run anywhere
+SCENARIO_DEVICES = ("any", "cpu", "gpu")
 
 
 # ----------------------------------------------------------------------------- timing
@@ -166,10 +169,12 @@ class Scenario:
     timing: TimingConfig
     cases: list[Case]
     skipped: list[SkippedCombo] = field(default_factory=list)
+    device: str = "any"         # what the scenario is for: any | cpu | gpu
 
     def plan_text(self) -> str:
         """Human-readable plan (``replaybench sweep --dry-run``)."""
-        out = [f"scenario {self.name!r} ({self.path}), runner {self.runner!r}",
+        out = [f"scenario {self.name!r} ({self.path}), runner {self.runner!r}"
+               + (f", for {self.device.upper()}" if self.device != "any" else ""),
                f"  {self.description}" if self.description else "",
                f"  timing: {self.timing}",
                f"  {len(self.cases)} case(s), {len(self.skipped)} skipped combination(s)"]
@@ -233,6 +238,10 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
         raise ScenarioError(file, "scenario.runner",
                             f"unknown value {runner!r}; allowed: {', '.join(RUNNERS)}, "
                             f"or 'package.module:Attr'")
+    device = sc.get("device", "any")
+    if device not in SCENARIO_DEVICES:
+        raise ScenarioError(file, "scenario.device", f"unknown value {device!r}; allowed: "
+                            f"{', '.join(SCENARIO_DEVICES)}")
     timing = _parse_timing(file, doc.get("timing", {}))
     from .stats import CheckTableError, parse_check_table   # [check]: the regression gate's thresholds
     try:
@@ -251,7 +260,7 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
         raise ScenarioError(file, "sweep", "no valid case left after removing invalid "
                             f"combinations ({len(skipped)} skipped)")
     return Scenario(name=name, description=desc, runner=runner, path=file, text=text,
-                    sha256=sha, timing=timing, cases=list(cases.values()),
+                    sha256=sha, timing=timing, cases=list(cases.values()), device=device,
                     skipped=[s for s in skipped.values() if s.combo not in cases])
 
 

@@ -86,6 +86,7 @@ COLUMNS: tuple[Column, ...] = (
     _C("throttle", "str", "timing", "NVML throttle reasons seen ('' none)"),
     _C("power_capped", "bool", "timing", "every batch ran under the power cap alone: the median is that "
        "capped rate"),
+    _C("noisy", "bool", "timing", "fewer than 3 samples or IQR / median above 10 %: read the median with care"),
     _C("samples_us", "str", "timing", "every kept sample in measured order [us] (JSON list; the regression "
        "gate's test reads them)"),
     # runner metrics

@@ -207,7 +207,12 @@ class RunStore:
         self._lock_fd = fd
 
     def unlock(self) -> None:
+        """Release the lock and remove its file (a finished sweep leaves no .lock behind)."""
         if self._lock_fd is not None:
+            try:
+                (self.run_dir / LOCK).unlink(missing_ok=True)
+            except OSError:
+                pass
             try:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             finally:

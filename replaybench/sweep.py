@@ -52,6 +52,19 @@ def setup_device_env(device: str) -> str:
     return dev
 
 
+def check_writable(path: str | Path, what: str) -> None:
+    """Raise StoreError (one line) unless directory `path` exists writable or can be created: checked
+    before anything is written, so an unwritable results or reports directory leaves nothing behind."""
+    p = Path(path).absolute()
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        why = "is not a directory" if probe.exists() and not probe.is_dir() else "is not writable"
+        raise StoreError(f"cannot write the {what} directory {path}: {probe} {why} (choose another with "
+                         f"--{what}-dir)")
+
+
 def choose_run_id(scenario: Scenario, dev_info: dict, run_id: str | None = None,
                   new: bool = False) -> str:
     if run_id:
@@ -142,9 +155,12 @@ def _ncu_columns(case: Case, metrics: dict) -> dict:
 def run_sweep(scenario: Scenario, *, device: str = "auto", results_dir: str | Path = "results",
               reports_dir: str | Path = "reports", run_id: str | None = None, new: bool = False,
               argv: list[str] | None = None, report: bool = True, progress: bool = True,
-              measure_ceilings: bool = True, retry_errors: bool = False, ncu: bool = False) -> SweepResult:
+              measure_ceilings: bool = True, retry_errors: bool = False, ncu: bool = False,
+              log=None) -> SweepResult:
     """Run (or resume) a scenario.  Raises RunnerError/StoreError before writing anything
-    when the runner cannot be imported or the run id belongs to another scenario."""
+    when the runner cannot be imported, the run id belongs to another scenario, or the results
+    (or, with report, the reports) directory cannot be written. `log(line)`: told where the
+    results and report go before the first case."""
     from . import runners
     from .hardware import device_info
 
@@ -153,6 +169,9 @@ def run_sweep(scenario: Scenario, *, device: str = "auto", results_dir: str | Pa
     info = device_info(dev)
     rid = choose_run_id(scenario, info, run_id, new)
     run_dir = Path(results_dir) / rid
+    check_writable(results_dir, "results")
+    if report:
+        check_writable(reports_dir, "reports")
 
     # reuse the ceilings of a resumed run so pct_copy_bw is consistent within the run
     old = RunStore(run_dir).manifest()
@@ -171,7 +190,13 @@ def run_sweep(scenario: Scenario, *, device: str = "auto", results_dir: str | Pa
             ceilings = {}
     cases = [dataclasses.replace(c, device=dev) for c in scenario.cases]
     manifest = build_manifest(scenario, info, rid, argv, ceilings, len(cases))
-    store = RunStore.create_or_resume(results_dir, rid, manifest)
+    try:
+        store = RunStore.create_or_resume(results_dir, rid, manifest)
+    except OSError as e:
+        raise StoreError(f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
+    if log is not None:
+        log(f"results: {store.run_dir.absolute()}"
+            + (f"; report: {(Path(reports_dir) / rid).absolute()}" if report else ""))
     session = len(store.manifest().get("sessions") or [None]) - 1
 
     statuses = ("ok", "skipped") if retry_errors else ("ok", "error", "skipped")

@@ -32,6 +32,11 @@ _BAD_REASONS = {
 _POWER_REASONS = {"sw_power_cap", "hw_power_brake"}
 
 
+# a row is flagged noisy (column `noisy`) below this many samples or above this IQR / median
+MIN_CLEAN_SAMPLES = 3
+NOISY_REL_IQR = 0.10
+
+
 @dataclass
 class Timing:
     median_us: float
@@ -51,12 +56,18 @@ class Timing:
     def rel_iqr(self) -> float:
         return self.iqr_us / self.median_us if self.median_us else float("inf")
 
+    @property
+    def noisy(self) -> bool:
+        """Too few samples, or a spread too wide, to read the median as a clean number."""
+        return self.samples < MIN_CLEAN_SAMPLES or self.rel_iqr > NOISY_REL_IQR
+
     def columns(self) -> dict:
         """The row columns every runner reports from a measurement (DESIGN.md §5)."""
         return {"median_us": self.median_us, "iqr_us": self.iqr_us, "samples": self.samples,
                 "discarded": self.discarded, "mean_us": self.mean_us, "min_us": self.min_us,
                 "rel_iqr": self.rel_iqr, "sm_clock_mhz": self.sm_clock_mhz, "mem_clock_mhz": self.mem_clock_mhz,
                 "power_w": self.power_w, "throttle": self.throttle, "power_capped": self.power_capped,
+                "noisy": self.noisy,
                 # every kept sample (us per unit, in measured order): the gate's test needs them
                 "samples_us": [round(x, 4) for x in self.raw_us]}
 
@@ -99,10 +110,15 @@ class _Nvml:
 
 
 def _stop(samples: list[float], cfg, started: float) -> bool:
-    if len(samples) >= cfg.max_samples or time.perf_counter() - started > cfg.max_time_s:
+    """Stop at max_samples; before that never below min_samples (a time cap that cut a slow case
+    to one sample left rows with no spread at all); from there at max_time_s or once the IQR is
+    within rel_iqr of the median."""
+    if len(samples) >= cfg.max_samples:
         return True
     if len(samples) < cfg.min_samples:
         return False
+    if time.perf_counter() - started > cfg.max_time_s:
+        return True
     q1, med, q3 = quartiles(samples)
     return (q3 - q1) / med <= cfg.rel_iqr
 

@@ -2,7 +2,7 @@
 
     fig_roofline          one point per kernel x method: arithmetic intensity (modelled FLOPs /
                           modelled bytes) vs achieved FLOP/s, under the run's measured ceilings
-                          (copy and read bandwidth roofs, bf16 matmul roof)
+                          (copy and read bandwidth roofs, the matmul roof in its measured dtype)
     fig_traffic_measured  modelled vs Nsight-Compute-measured DRAM bytes per step (rows with
                           dram_bytes, from `sweep --ncu`); differences > 10 % are listed
     peer_table            per model / batch / state dtype: each method's median and its speedup
@@ -34,6 +34,14 @@ def _label(r) -> str:
     return lab
 
 
+def flop_rate(tflops: float) -> str:
+    """A measured FLOP rate in a unit that shows it (a CPU's fp32 matmul is a few GFLOP/s)."""
+    for unit, scale in (("TFLOP/s", 1.0), ("GFLOP/s", 1e3), ("MFLOP/s", 1e6)):
+        if tflops * scale >= 1:
+            return f"{tflops * scale:.3g} {unit}"
+    return f"{tflops * 1e6:.3g} MFLOP/s"
+
+
 def fig_roofline(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path | None:
     """Roofline at the largest batch of the run (None when the rows carry no FLOPs)."""
     ok = ok_rows(df)
@@ -42,7 +50,7 @@ def fig_roofline(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path 
     ok = ok[ok["flops_model"].notna() & ok["bytes_model"].notna()]
     ok = ok[ok["batch"] == ok["batch"].max()]
     ceil = manifest.get("ceilings") or {}
-    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    fig, ax = plt.subplots(figsize=(10.5, 5.5))
     ai = ok["flops_model"] / ok["bytes_model"]
     rate = ok["flops_model"] / (ok["median_us"] * 1e-6) / 1e12                 # TFLOP/s
     x = np.logspace(np.log10(max(ai.min() / 4, 1e-2)), np.log10(max(ai.max() * 1e3, 10)), 200)
@@ -54,7 +62,8 @@ def fig_roofline(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path 
                 roof = np.minimum(roof, mm)
             ax.plot(x, roof, style, color="0.3", lw=1.2, label=f"{name} roof {ceil[key]:.0f} GB/s (measured)")
     if mm:
-        ax.axhline(mm, color="0.6", lw=1, ls=":", label=f"bf16 matmul {mm:.0f} TFLOP/s (measured)")
+        ax.axhline(mm, color="0.6", lw=1, ls=":", label=f"{ceil.get('matmul_dtype') or 'bfloat16'} matmul "
+                   f"{flop_rate(mm)} (measured)")
     methods = sorted(ok["method"].unique())
     cmap = plt.get_cmap("tab10")
     markers = {"mamba2": "o", "gdn": "s"}
@@ -70,7 +79,8 @@ def fig_roofline(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path 
     dev = (manifest.get("device") or {}).get("name", "")
     ax.set_title(f"Roofline, batch {int(ok['batch'].max())}, {dev}")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    # beside the axes: inside, the legend covered the roofs
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
     fig.tight_layout()
     png, _ = save(fig, out_dir, "roofline")
     return png

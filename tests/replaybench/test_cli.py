@@ -58,7 +58,8 @@ def test_full_sweep_via_cli_then_resume_and_report(tmp_path, monkeypatch, capsys
         invalid = "skip"
     """, name="clitest"))
     r = run_cli(["sweep", "s.toml", "--device", "cpu", "--no-ceilings"], tmp_path)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr           # error rows: exit 1, saying how many
+    assert "4 case(s) ended in an error" in r.stderr
     runs = list((tmp_path / "results").iterdir())
     assert len(runs) == 1 and runs[0].name.startswith("clitest-cpu-")
     run_dir = runs[0]
@@ -74,11 +75,13 @@ def test_full_sweep_via_cli_then_resume_and_report(tmp_path, monkeypatch, capsys
     assert m["scenario"]["n_skipped_combos"] == 2 and m["counts"] == \
         {"ok": 4, "error": 4, "skipped": 0, "rows": 8, "cases": 8}
     assert "4 ok, 4 error" in r.stdout and f"-> results/{run_dir.name}" in r.stdout
-    # same command again (in-process) resumes the same run and does nothing;
-    # --fail-on-error sees the error rows
+    # same command again (in-process) resumes the same run and does nothing; the error rows
+    # still exit 1, unless --keep-going-ok
     monkeypatch.chdir(tmp_path)
+    assert cli.main(["sweep", "s.toml", "--device", "cpu", "--no-report", "--no-progress"]) == 1
+    capsys.readouterr()
     assert cli.main(["sweep", "s.toml", "--device", "cpu", "--no-report", "--no-progress",
-                     "--fail-on-error"]) == 1
+                     "--keep-going-ok"]) == 0
     out = capsys.readouterr().out
     assert "0 run now, 8 already done" in out and run_dir.name in out
     assert len(list((tmp_path / "results").iterdir())) == 1
@@ -149,3 +152,70 @@ def test_env_ceilings_and_missing_nvml(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "pynvml", None)       # nvidia-ml-py not importable
     info = hardware._nvml_info(0)
     assert "nvml_error" in info
+
+
+def test_help_describes_the_tool_commands_examples_and_exit_codes(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "benchmark and roofline suite" in out
+    for cmd in ("sweep", "report", "check", "models", "memory", "env"):
+        assert f"    {cmd} " in out
+    assert "examples:" in out and "exit codes:" in out and "130" in out
+
+
+def test_every_argument_has_help():
+    import argparse
+    parser = cli.build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.dest}" for name, p in subs.choices.items() for a in p._actions
+               if not a.help and not isinstance(a, argparse._HelpAction)]
+    assert not missing, missing
+
+
+def test_gpu_scenario_without_gpu_is_refused_unless_device_cpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "g.toml").write_text(scenario_text("""
+        [[sweep]]
+        model = "tiny-mamba2"
+        method = "eager"
+    """, runner=FAKE_RUNNER).replace('[scenario]\n', '[scenario]\ndevice = "gpu"\n'), encoding="utf-8")
+    assert cli.main(["sweep", "g.toml", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "is for a GPU" in err and "--device cpu" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == [tmp_path / "g.toml"]
+    assert cli.main(["sweep", "g.toml", "--dry-run", "--device", "cpu"]) == 0
+    assert "for GPU" in capsys.readouterr().out
+
+
+def test_unwritable_results_dir_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(scenario_text("""
+        [[sweep]]
+        model = "tiny-mamba2"
+        method = "eager"
+    """, runner=FAKE_RUNNER), encoding="utf-8")
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    for flag in ("--results-dir", "--reports-dir"):
+        assert cli.main(["sweep", "s.toml", "--device", "cpu", "--no-progress", "--no-ceilings",
+                         flag, "afile/sub"]) == 2
+        err = capsys.readouterr().err
+        assert "cannot write the" in err and "afile" in err and len(err.strip().splitlines()) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.toml"]
+
+
+def test_sweep_says_where_it_writes_and_leaves_no_lock(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(scenario_text("""
+        [[sweep]]
+        model = "tiny-mamba2"
+        method = "eager"
+    """, runner=FAKE_RUNNER), encoding="utf-8")
+    assert cli.main(["sweep", "s.toml", "--device", "cpu", "--no-progress", "--no-ceilings", "--no-report"]) == 0
+    err = capsys.readouterr().err
+    (run_dir,) = list((tmp_path / "results").iterdir())
+    assert f"results: {run_dir.absolute()}" in err
+    assert not (run_dir / ".lock").exists()

@@ -57,3 +57,20 @@ def test_row_columns():
     assert cols["median_us"] == pytest.approx(11.0) and cols["samples"] == 2 and cols["discarded"] == 0
     assert cols["power_capped"] is False and cols["throttle"] == "" and cols["power_w"] == pytest.approx(500.0)
     assert set(cols) >= {"iqr_us", "mean_us", "min_us", "rel_iqr", "sm_clock_mhz", "mem_clock_mhz"}
+
+
+def test_min_samples_hold_even_past_the_time_cap():
+    import time as _time
+
+    from replaybench.scenario import TimingConfig
+    cfg = TimingConfig(warmup=0, min_samples=3, max_samples=5, max_time_s=1e-6, rel_iqr=0.05)
+    t = timing.time_cpu(lambda: _time.sleep(0.002), cfg)
+    assert t.samples == 3
+
+
+def test_noisy_flag():
+    from replaybench.timing import Timing
+    clean = Timing(median_us=10.0, iqr_us=0.5, samples=10, discarded=0, mean_us=10.0, min_us=9.5)
+    assert not clean.noisy and clean.columns()["noisy"] is False
+    assert Timing(median_us=10.0, iqr_us=2.0, samples=10, discarded=0, mean_us=10.0, min_us=9.0).noisy
+    assert Timing(median_us=10.0, iqr_us=0.0, samples=1, discarded=0, mean_us=10.0, min_us=10.0).noisy
