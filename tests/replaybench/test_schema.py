@@ -61,3 +61,15 @@ def test_the_copy_ceiling_percentage_has_one_definition():
     assert achieved_gbps(4000.0, 2.0) == 2.0 and achieved_gbps(1.0, 0) is None and achieved_gbps(None, 1) is None
     assert pct_of_copy(2.0, {"copy_gbps": 4.0}) == 50.0
     assert pct_of_copy(2.0, {}) is None and pct_of_copy(None, {"copy_gbps": 4.0}) is None
+
+
+def test_readme_names_the_contract_columns_in_order():
+    import re
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    spans = [s for s in re.findall(r"`([a-z_]+(?:,\s*[a-z_]+)+)`", text, flags=re.S)
+             if s.startswith(("run_id,", "median_us,"))]
+    if len(spans) != 2:
+        import pytest
+        pytest.skip("README.md does not list the row columns as two `run_id, ...` / `median_us, ...` spans")
+    listed = [c.strip() for s in spans for c in s.split(",")]
+    assert listed == CONTRACT_COLUMNS, "README.md's column list differs from replaybench.schema.CONTRACT_COLUMNS"
