@@ -126,7 +126,8 @@ def model_config(name: str, qwen_arch: str = "qwen3_next", drafter: str = "ngram
         if drafter == "mtp" and model.mtp_layers:
             cfg["num_nextn_predict_layers"] = model.mtp_layers
         return cfg
-    gdn = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": d["head_k_dim"], "linear_value_head_dim": d["head_v_dim"],
+    gdn = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": d["head_k_dim"],
+           "linear_value_head_dim": d["head_v_dim"],
            "linear_num_key_heads": d["num_k_heads"], "linear_num_value_heads": d["num_v_heads"],
            "layer_types": qwen_layer_types(model), "full_attention_interval": 4, "hidden_act": "silu",
            "rms_norm_eps": 1e-6, "rope_theta": 10000000, "partial_rotary_factor": 0.25,

@@ -102,7 +102,8 @@ def parse(settings: dict) -> ReplayConfig | None:
     if backend is not None and backend not in BACKENDS:
         raise ReplayConfigError(f"replayssm backend {backend!r} not supported; allowed: {', '.join(BACKENDS)}")
     L = settings.get("buffer_len")
-    return ReplayConfig(mode=mode, flush_period=_int(settings.get("flush_period", DEFAULT_FLUSH_PERIOD), "flush_period"),
+    K = _int(settings.get("flush_period", DEFAULT_FLUSH_PERIOD), "flush_period")
+    return ReplayConfig(mode=mode, flush_period=K,
                         buffer_len=None if L in (None, "") else _int(L, "buffer_len"), lo_dtype=lo, backend=backend)
 
 

@@ -79,7 +79,8 @@ def test_decode_over_pages_matches_eager(family, num_spec):
     gen = torch.Generator().manual_seed(0)
     cfg, rs, pending = _pages(family, "replay", num_spec)
     b, T, steps = len(BLOCKS), 1 + num_spec, 7
-    heads = (M2.nheads, M2.head_dim, M2.d_state) if family == "mamba2" else (GD.num_v_heads, GD.head_v_dim, GD.head_k_dim)
+    heads = (M2.nheads, M2.head_dim, M2.d_state) if family == "mamba2" else \
+        (GD.num_v_heads, GD.head_v_dim, GD.head_k_dim)
     S0 = torch.randn(b, *heads, generator=gen) * 0.3
     rs.hi.data[BLOCKS[LIVE]] = S0[LIVE]                # what vLLM's prefill writes
     decode.after_prefill(rs, pending, BLOCKS)
@@ -171,7 +172,6 @@ def test_triton_ops_on_page_views(family):
     (docs/vllm.md lists what they must accept); once they take them, they must match the
     reference on them, and engine.KERNELS_ACCEPT_PAGE_STRIDES can be flipped."""
     from replayssm.vllm.engine import KERNELS_ACCEPT_PAGE_STRIDES
-    gen = torch.Generator().manual_seed(4)
     outs = {}
     for backend in ("reference", "triton"):
         cfg, rs, pending = _pages(family, "replay", 0)

@@ -76,7 +76,8 @@ def make_config(model_dir, replay=None, spec=0, ssm_dtype="float32", prefix_cach
     pc = ParallelConfig()
     sc = SpeculativeConfig(method="ngram", num_speculative_tokens=spec, prompt_lookup_max=3, prompt_lookup_min=1,
                            target_model_config=mc, target_parallel_config=pc) if spec else None
-    return VllmConfig(model_config=mc, parallel_config=pc, speculative_config=sc, device_config=DeviceConfig(device="cpu"),
+    return VllmConfig(model_config=mc, parallel_config=pc, speculative_config=sc,
+                      device_config=DeviceConfig(device="cpu"),
                       cache_config=CacheConfig(mamba_ssm_cache_dtype=ssm_dtype, enable_prefix_caching=prefix_caching),
                       additional_config={"replayssm": replay} if replay else {})
 
@@ -103,7 +104,8 @@ def mamba2_layer(vc):
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     hf = vc.model_config.hf_config
     with set_current_vllm_config(vc):
-        return MambaMixer2(hidden_size=hf.hidden_size, ssm_state_size=hf.ssm_state_size, conv_kernel_size=hf.conv_kernel,
+        return MambaMixer2(hidden_size=hf.hidden_size, ssm_state_size=hf.ssm_state_size,
+                           conv_kernel_size=hf.conv_kernel,
                            intermediate_size=hf.mamba_num_heads * hf.mamba_head_dim, use_conv_bias=True, use_bias=False,
                            n_groups=hf.n_groups, num_heads=hf.mamba_num_heads, head_dim=hf.mamba_head_dim,
                            model_config=vc.model_config, cache_config=vc.cache_config,
