@@ -1,4 +1,4 @@
-"""The replaybench command line: sweep, report, check, models, memory, env (see DESCRIPTION)."""
+"""The replaybench command line: sweep, report, check, explain, tune, models, memory, env (see DESCRIPTION)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ examples:
   replaybench sweep scenarios/h200-kernels-fp32.toml --dry-run   # the plan; writes nothing
   replaybench report h200-kernels-fp32-20261203-nvidia-h200      # regenerate a report from stored rows
   replaybench check BASE_RUN NEW_RUN --threshold 0.02             # regression gate
+  replaybench explain scenarios/h200-kernels-fp32.toml --case CASE_ID   # the kernels a case launches
+  replaybench tune scenarios/tune-mamba2.toml                     # time launch-table variants (GPU)
   replaybench models; replaybench memory; replaybench env --ceilings
 
 exit codes:
@@ -115,6 +117,27 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--buffer-len", type=int, default=20, help="ReplaySSM buffer capacity L >= K + T (default 20)")
     mm.add_argument("--flush-period", type=int, default=16, help="ReplaySSM flush period K (default 16)")
 
+    x = sub.add_parser("explain", help="the kernels a scenario's case launches, their grids and the launch-table "
+                       "row that chose each (no GPU needed)",
+                       description="Plan each case (or the one --case names) on PyTorch's meta device and print "
+                                   "its launches: kernel, grid, tile options, the table row and its reason.")
+    x.add_argument("scenario", help="scenario TOML, or a name under scenarios/")
+    x.add_argument("--case", metavar="ID", help="one case id (as `sweep --dry-run` lists them); default: every case")
+    x.add_argument("--compile", action="store_true",
+                   help="also compile each launch for sm_90 offline and print its registers and spills")
+
+    t = sub.add_parser("tune", help="check and time the launch-table variants a tuning scenario lists, "
+                       "interleaved, against what ships",
+                       description="Time the [[variant]] tables of a tuning scenario (replaybench.tune) on every "
+                                   "case of its sweeps, after checking each against the reference; rows go to "
+                                   "results/<run-id>/ (a rerun resumes). Exits 1 if a variant failed its check.")
+    t.add_argument("scenario", help="tuning scenario TOML (scenarios/tune-*.toml), or a name under scenarios/")
+    t.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to run (default auto: the GPU if there is one)")
+    t.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case (default 3)")
+    t.add_argument("--run-id", help="run id (default: derived from scenario + device; same command resumes)")
+    add_dir(t, "results")
+
     e = sub.add_parser("env", help="device info and versions (and the measured ceilings)")
     e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="the device to describe (default auto: the GPU if there is one)")
@@ -132,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         return {"sweep": cmd_sweep, "report": cmd_report, "check": cmd_check,
+                "explain": cmd_explain, "tune": cmd_tune,
                 "models": cmd_models, "memory": cmd_memory, "env": cmd_env}[args.cmd](args, argv)
     except KeyboardInterrupt:
         _err("interrupted; rerun the same command to resume")
@@ -260,6 +284,38 @@ def cmd_memory(args, argv) -> int:
         return 2
     print(format_table(rows, args.budget_gb, args.spec_window, args.buffer_len, args.flush_period))
     return 0
+
+
+def cmd_explain(args, argv) -> int:
+    from .explain import explain
+    from .scenario import ScenarioError, load_scenario
+    try:
+        scenario = load_scenario(locate(args.scenario))
+        print(explain(scenario.cases, args.case, compile=args.compile))
+    except ScenarioError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except KeyError as e:
+        _err(e.args[0])
+        return 2
+    return 0
+
+
+def cmd_tune(args, argv) -> int:
+    from .scenario import ScenarioError
+    from .store import StoreError
+    from .tune import run_tune
+    if args.rounds < 1:
+        _err(f"--rounds {args.rounds}: must be >= 1")
+        return 2
+    try:
+        return run_tune(locate(args.scenario), args.device, args.results_dir, args.rounds, args.run_id)
+    except ScenarioError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except (StoreError, RuntimeError) as e:
+        _err(str(e))
+        return 2
 
 
 def cmd_env(args, argv) -> int:

@@ -86,8 +86,11 @@ class Layer:
     """One layer's state for a method of ours, plus its step function (reference or Triton)."""
 
     def __init__(self, op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype,
-                 device, gen, act=torch.bfloat16):
+                 device, gen, act=torch.bfloat16, options=None):
         self.op, self.method, self.backend = op, method, backend
+        # the family's frozen options (replayssm.<family>.options; None: what ships), which
+        # `replaybench tune` sets to time a variant of the launch table
+        self.kw = {} if options is None else {"options": options}
         self.ops = ops(op, backend)
         self.batch, self.K = batch, max(flush_period, 1)
         rows, cols, heads = state_geometry(op, dims)
@@ -131,11 +134,11 @@ class Layer:
             if self.ops is None:
                 f = R.mamba2_eager_step if fam == "mamba2" else R.gdn_eager_step
                 return f(self.state, **inp, **params, state_indices=idx)
-            return self.ops.eager_step(self.state, **inp, **params, state_indices=idx)
+            return self.ops.eager_step(self.state, **inp, **params, state_indices=idx, **self.kw)
         if self.ops is None:
             f = R.mamba2_replay_step if fam == "mamba2" else R.gdn_replay_step
             return f(self.rs, **inp, **params, state_indices=idx)
-        return self.ops.replay_step(self.rs, **inp, **params, state_indices=idx)
+        return self.ops.replay_step(self.rs, **inp, **params, state_indices=idx, **self.kw)
 
 
 def layers_for(state_bytes_per_layer: float, device: str) -> int:

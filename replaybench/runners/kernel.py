@@ -21,22 +21,26 @@ from . import SkipCase, peers, spec
 from .common import Layer, check_tol, layers_for, rel_err, state_geometry, step_inputs, steps_per_sample
 
 
-def make_layer(op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype, device, gen):
-    """One layer of a decode-step case: ours (common.Layer) or vLLM's own kernel (backend 'vllm');
-    both step with step(inputs, params, idx)."""
+def make_layer(op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype, device, gen,
+               options=None):
+    """One layer of a decode-step case: ours (common.Layer, with the family's `options`) or vLLM's
+    own kernel (backend 'vllm'); both step with step(inputs, params, idx)."""
     if backend == "vllm":
         return peers.VllmEagerLayer(op, dims, batch, state_dtype, device, gen)
-    return Layer(op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype, device, gen)
+    return Layer(op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype, device, gen,
+                 options=options)
 
 
-def check_against_reference(case, model, device, steps: int | None = None) -> float:
-    """Max relative output error of the case's backend vs the reference (same storage dtypes,
-    same inputs, same initial state) over enough steps to cross a flush. Raises if too large."""
+def check_against_reference(case, model, device, steps: int | None = None, options=None) -> float:
+    """Max relative output error of the case's backend (with the family's `options`) vs the
+    reference (same storage dtypes, same inputs, same initial state) over enough steps to cross
+    a flush. Raises if too large."""
     dims, op = model.ssm, model.op
     b = min(case.batch, 8)
     gen = torch.Generator().manual_seed(case.seed + 1)
     mk = lambda backend: make_layer(op, dims, case.method, backend, b, case.buffer_len, case.flush_period,  # noqa: E731
-                               case.state_dtype, case.lo_dtype, device, torch.Generator().manual_seed(case.seed + 7))
+                               case.state_dtype, case.lo_dtype, device, torch.Generator().manual_seed(case.seed + 7),
+                               options=options if backend != "reference" else None)
     ours, ref = mk(case.backend), mk("reference")
     idx = torch.arange(b, dtype=torch.int32, device=device)
     if b > 1:
@@ -60,7 +64,7 @@ def check_against_reference(case, model, device, steps: int | None = None) -> fl
     return worst
 
 
-def workload(case, model, device: str):
+def workload(case, model, device: str, options=None):
     """The timed work of a decode case: (sample, steps, layers). sample() runs `steps` decode
     steps (steps_per_sample: whole flush periods) over `layers` independent layer states
     (enough that the state, by the traffic model's bytes per step, streams from HBM on a GPU),
@@ -71,7 +75,7 @@ def workload(case, model, device: str):
     gen = torch.Generator().manual_seed(case.seed)
     nl = layers_for((parts["state_read"] + parts["state_write"]) / 2, device)
     layers = [make_layer(op, dims, case.method, case.backend, case.batch, case.buffer_len, case.flush_period,
-                    case.state_dtype, case.lo_dtype, device, gen) for _ in range(nl)]
+                    case.state_dtype, case.lo_dtype, device, gen, options=options) for _ in range(nl)]
     inp, params = step_inputs(op, dims, case.batch, device, gen)
     idx = torch.arange(case.batch, dtype=torch.int32, device=device)
     steps = steps_per_sample(case.flush_period, nl, device)
