@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..methods import EAGER, PEER_EAGER as PEER  # noqa: E402
-from .common import ok_rows  # noqa: E402
+from .common import METHOD_COLORS, method_key, ok_rows  # noqa: E402
 
 TRAFFIC_TOLERANCE = 0.10
 
@@ -64,14 +64,13 @@ def fig_roofline(df: pd.DataFrame, manifest: dict, out_dir: Path, save) -> Path 
     if mm:
         ax.axhline(mm, color="0.6", lw=1, ls=":", label=f"{ceil.get('matmul_dtype') or 'bfloat16'} matmul "
                    f"{flop_rate(mm)} (measured)")
-    methods = sorted(ok["method"].unique())
-    cmap = plt.get_cmap("tab10")
+    methods = sorted(ok["method"].unique(), key=method_key)
     markers = {"mamba2": "o", "gdn": "s"}
-    for i, m in enumerate(methods):
+    for m in methods:     # each method in its colour of every figure (replaybench.methods)
         sub = ok[ok["method"] == m]
         for op, g in sub.groupby("op"):
-            ax.scatter(ai[g.index], rate[g.index], color=cmap(i % 10), marker=markers.get(op, "^"), s=36,
-                       edgecolor="k", linewidth=0.4, label=f"{m} ({op})", zorder=3)
+            ax.scatter(ai[g.index], rate[g.index], color=METHOD_COLORS.get(m, "k"), marker=markers.get(op, "^"),
+                       s=36, edgecolor="k", linewidth=0.4, label=f"{m} ({op})", zorder=3)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity [FLOP / byte] (modelled)")
