@@ -8,9 +8,10 @@ Arms (a case's method): ``vllm-eager`` = stock vLLM, ``replay`` / ``replay-dual`
 Per case: the engine (reused across consecutive cases of one model and arm; batch varies
 within it) generates greedy, ``ignore_eos``, fixed input / output lengths. Before timing, an
 arm other than stock checks its greedy tokens against the stock arm's on the same weights and
-prompts (first EQUIV_TOKENS tokens of every sequence; or top-1 agreement >= 99 %, with the
-largest logprob difference reported); a mismatch makes the row an error. So a model's stock
-arm must come first in the scenario.
+prompts (first EQUIV_TOKENS tokens of EQUIV_PROMPTS sequences; or top-1 agreement >= 99 %, with
+the largest logprob difference reported), once per engine; a mismatch makes the row an error.
+The stock tokens come from the model's stock arm (first in the scenarios); where it has not run
+in this process (a resumed run), a stock engine is started for them first.
 
 Row columns: tokens_per_s (decode tokens/s, prefill excluded: a run to one output token is
 subtracted), median_us (median time per output token: per decode step), samples,
@@ -30,6 +31,7 @@ Without a CUDA device, or without vLLM 0.26.0, every case is skipped with the re
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -43,6 +45,7 @@ from . import SkipCase
 
 VLLM_VERSION = "0.26.0"
 EQUIV_TOKENS = 64
+EQUIV_PROMPTS = 64
 EQUIV_TOP1 = 0.99
 MAX_BATCH = 512                 # max_num_seqs of every engine: one engine serves every batch size
 STOCK = PEER_EAGER                              # vLLM's own engine, no speculation
@@ -216,14 +219,21 @@ class _Engines:
 
     def __init__(self):
         self.key, self.llm = None, None
-        self.stock_tokens: dict[str, list] = {}      # model -> greedy tokens of the stock arm
+        self.stock_tokens: dict[tuple, tuple] = {}   # (model, dtype, seed, input_len) -> stock tokens, logprobs
+        self.checked: dict[tuple, dict | None] = {}   # engine key -> its equivalence result (None: stock)
 
     def get(self, key, kwargs: dict):
         if key == self.key:
             return self.llm
         self.close()
         from vllm import LLM
-        self.llm, self.key = LLM(**kwargs), key
+        try:
+            self.llm, self.key = LLM(**kwargs), key
+        except BaseException:
+            # an engine that failed to start (e.g. the plugin refused it) leaves its process group
+            from vllm.distributed import cleanup_dist_env_and_memory
+            cleanup_dist_env_and_memory()
+            raise
         return self.llm
 
     def close(self):
@@ -355,12 +365,22 @@ def run(case, ctx) -> dict:
     _ensure_plugin()
     kwargs = engine_kwargs(case, st, model_dir)
     key = (case.model, json.dumps(a, sort_keys=True), case.state_dtype)
+    vocab = cfg.get("vocab_size") or cfg["text_config"]["vocab_size"]
+    eq_prompts = prompts(vocab, EQUIV_PROMPTS, st["input_len"], seed=1000 + case.seed)
+    ref_key = (case.model, case.state_dtype, case.seed, st["input_len"])
+    if case.method != STOCK and ref_key not in _ENGINES.stock_tokens:
+        # a resumed run (or a scenario without the stock arm first): the stock engine's tokens first
+        stock = dataclasses.replace(case, method=STOCK, backend="vllm", buffer_len=0, flush_period=0,
+                                    spec_window=0, lo_dtype="none")
+        sllm = _ENGINES.get((case.model, json.dumps(arm(stock), sort_keys=True), case.state_dtype),
+                            engine_kwargs(stock, st, model_dir))
+        outs, _ = _generate(sllm, eq_prompts, EQUIV_TOKENS, logprobs=0)
+        _ENGINES.stock_tokens[ref_key] = (_tokens(outs), _chosen_logprobs(outs))
     llm = _ENGINES.get(key, kwargs)
     n_replay = sum(llm.apply_model(replay_layer_count))
     if bool(n_replay) != bool(a["replay"]):      # never time a replay arm that silently ran stock
         raise RuntimeError(f"{case.method}: {n_replay} layers of the engine run the replay layout; expected "
                            f"{'all SSM layers' if a['replay'] else 'none'} (is the plugin registered?)")
-    vocab = cfg.get("vocab_size") or cfg["text_config"]["vocab_size"]
     batch_prompts = prompts(vocab, case.batch, st["input_len"], seed=case.seed)
     row = {"model_variant": model.name, "layers_run": model.n_layers, "layers_full": _base(model).n_layers,
            "architecture": cfg["architectures"][0], "pattern": cfg.get("hybrid_override_pattern", ""),
@@ -369,23 +389,23 @@ def run(case, ctx) -> dict:
            "drafter": kwargs.get("speculative_config", {}).get("method", ""),
            "cuda_graphs": not kwargs["enforce_eager"], "replay_layers": n_replay}
 
-    # equivalence before any timing (same dummy weights: vLLM seeds them; same prompts)
-    eq_prompts = prompts(vocab, min(case.batch, 64), st["input_len"], seed=1000 + case.seed)
-    outs, _ = _generate(llm, eq_prompts, EQUIV_TOKENS, logprobs=0)
-    toks, lps = _tokens(outs), _chosen_logprobs(outs)
-    if case.method == STOCK:
-        _ENGINES.stock_tokens[case.model] = (toks, lps)
-    else:
-        ref = _ENGINES.stock_tokens.get(case.model)
-        if ref is None:
-            raise RuntimeError(f"equivalence check: no stock (vllm-eager) tokens for {case.model}; put the "
-                               "model's vllm-eager arm first in the scenario")
-        eq = equivalence(ref[0], ref[1], toks, lps)
+    # equivalence before any timing (same dummy weights: vLLM seeds them; same prompts), once per engine
+    if key not in _ENGINES.checked:
+        outs, _ = _generate(llm, eq_prompts, EQUIV_TOKENS, logprobs=0)
+        toks, lps = _tokens(outs), _chosen_logprobs(outs)
+        if case.method == STOCK:
+            _ENGINES.stock_tokens[ref_key] = (toks, lps)
+            _ENGINES.checked[key] = None
+        else:
+            ref = _ENGINES.stock_tokens[ref_key]
+            _ENGINES.checked[key] = equivalence(ref[0], ref[1], toks, lps)
+    eq = _ENGINES.checked[key]
+    if eq is not None:
         row.update(equiv_top1=eq["equiv_top1"], equiv_max_dlogprob=eq["equiv_max_dlogprob"])
         if not eq["equiv_ok"]:
             raise RuntimeError(f"equivalence check failed: top-1 agreement {eq['equiv_top1']:.4f} with stock over "
-                               f"the first {EQUIV_TOKENS} tokens (max logprob difference "
-                               f"{eq['equiv_max_dlogprob']:.3g})")
+                               f"the first {EQUIV_TOKENS} tokens of {EQUIV_PROMPTS} prompts (max logprob "
+                               f"difference {eq['equiv_max_dlogprob']:.3g})")
 
     _generate(llm, batch_prompts, 4)                               # warm-up at this batch
     times, before = [], _spec_counters(llm)
