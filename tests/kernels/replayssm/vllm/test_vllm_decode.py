@@ -191,3 +191,26 @@ def test_triton_ops_on_page_views(family):
             return
         outs[backend] = call()
     torch.testing.assert_close(outs["triton"][LIVE].float(), outs["reference"][LIVE].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_settings_from_additional_config_or_environment(monkeypatch):
+    from types import SimpleNamespace
+
+    import replayssm.vllm as plugin
+    from replayssm.vllm.config import ReplayConfigError, from_env, from_vllm_config
+    env = {"REPLAYBENCH_VLLM": "replay-dual", "REPLAYBENCH_VLLM_FLUSH_PERIOD": "8",
+           "REPLAYBENCH_VLLM_LO_DTYPE": "float8_e4m3", "REPLAYBENCH_VLLM_BACKEND": "reference"}
+    cfg = from_env(env)
+    assert (cfg.mode, cfg.flush_period, cfg.lo_dtype, cfg.backend, cfg.state_mode) == \
+        ("replay-dual", 8, "float8_e4m3", "reference", "dual")
+    assert from_env({}) is None and from_env({"REPLAYBENCH_VLLM": "off"}) is None
+    vc = SimpleNamespace(additional_config={"replayssm": {"mode": "replay", "flush_period": 4}})
+    assert from_vllm_config(vc, env).mode == "replay"                 # additional_config wins
+    assert from_vllm_config(SimpleNamespace(additional_config={}), env).mode == "replay-dual"
+    for bad, word in (({"mode": "fast"}, "mode"), ({"mode": "replay", "lo": 1}, "unknown"),
+                      ({"mode": "replay", "backend": "cuda"}, "backend"), ({"mode": "replay", "buffer_len": "x"},
+                                                                            "buffer_len")):
+        with pytest.raises(ReplayConfigError, match=word):
+            from_vllm_config(SimpleNamespace(additional_config={"replayssm": bad}), {})
+    monkeypatch.setenv("REPLAYBENCH_VLLM", "off")
+    plugin.register()                                                   # returns before importing vLLM
