@@ -16,12 +16,14 @@ import re
 import sys
 from pathlib import Path
 
-from .methods import PEER_EAGER
+from .methods import EAGER, METHODS, PEER_EAGER, names
 from .models import STUDY_MODELS, get_model
 
 RUN = "h200-kernels-fp32-20261203-nvidia-h200"
 BATCH = 256
-COLUMNS = (("eager", "eager (ours)"), ("replay", "replay"), ("replay-dual", "dual fp32 + bf16"))
+# the methods the paper-style figure divides vLLM's eager kernel by: ours eager, replay, dual
+COLUMNS = tuple((m, "eager (ours)" if m == EAGER else "dual fp32 + bf16" if METHODS[m].precision == "dual" else m)
+                for m in names(paper_baseline=PEER_EAGER))
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 FAMILY_NAMES = {"mamba2": "Mamba-2", "gdn": "GDN"}
 
