@@ -8,7 +8,8 @@ import triton.language as tl
 
 from ..common.jit import cast, gdc_release, gdc_wait_prior
 from ..common.mma import mm
-from .jit import EVICT_FIRST, ckpt_load, ckpt_store, hint_chunk, u_tile, fold_keys, fold_decays, scan_flushing, ranked_key, ranked_slot, unit_tri_inv_minus_eye
+from .jit import (EVICT_FIRST, ckpt_load, ckpt_store, hint_chunk, u_tile, fold_keys, fold_decays, scan_flushing,
+                  ranked_key, ranked_slot, unit_tri_inv_minus_eye)
 
 
 @triton.jit

@@ -8,7 +8,8 @@ import triton.language as tl
 
 from ..common.jit import cast, clear_lo_stale_kernel, commit_counts, gdc_release, gdc_wait_prior, list_commit_rows
 from ..common.mma import mm, mma_acc
-from .jit import TICKET, CUR_MASK, STALE_BIT, ckpt_load, ckpt_store, folded_tile, hint_chunk, u_tile, fold_keys, fold_decays, scan_flushing, ranked_key, unit_tri_inv_minus_eye
+from .jit import (TICKET, CUR_MASK, STALE_BIT, ckpt_load, ckpt_store, folded_tile, hint_chunk, u_tile, fold_keys,
+                  fold_decays, scan_flushing, ranked_key, unit_tri_inv_minus_eye)
 
 
 @triton.jit

@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from ..common.jit import cast, route_next_word, route_ticket, route_word
-from .jit import TICKET, CUR_MASK, STALE_BIT, EVICT_FIRST, ckpt_load, ckpt_store, fold_entries, tile_at, folded_tile, eager_inputs, eager_update
+from .jit import (TICKET, CUR_MASK, STALE_BIT, EVICT_FIRST, ckpt_load, ckpt_store, fold_entries, tile_at,
+                  folded_tile, eager_inputs, eager_update)
 
 
 @triton.jit

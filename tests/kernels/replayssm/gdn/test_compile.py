@@ -31,7 +31,8 @@ def rs(mode, lo=None, L=16, sd="float32"):
 res = {}
 for b in (1, 256):
     i = x(b)
-    res[f"eager b{b}"] = G.plan_eager(torch.empty(8, Hv, dv, dk, device=M), **i, state_indices=None, scale=.1, o=i["v"], opt=O)
+    res[f"eager b{b}"] = G.plan_eager(torch.empty(8, Hv, dv, dk, device=M), **i, state_indices=None, scale=.1,
+                                      o=i["v"], opt=O)
     modes = [("replay", None, "float32"), ("dual", "float8_e4m3", "float32")]
     if b > 1:   # the large-batch table: SPLIT routes, 16- and 8-bit read copies
         modes += [("replay", None, "bfloat16"), ("dual", "bfloat16", "float32"),
@@ -45,33 +46,43 @@ for b in (1, 256):
             res[f"replay {mode} {lo or sd} b{b} launch {j}"] = p
     if b == 1:  # the small-batch eager route at another tile; batch 32's row (two heads x 4 chunks per program)
         i32 = x(32)
-        for j, p in enumerate(G.plan_replay(rs("replay"), **i32, state_indices=None, scale=.1, o=i32["v"], opt=O)):
+        for j, p in enumerate(G.plan_replay(rs("replay"), **i32, state_indices=None, scale=.1, o=i32["v"],
+                                            opt=O)):
             res[f"replay replay float32 b32 launch {j}"] = p
         for mode, lo in (("replay", None), ("dual", "bfloat16")):
             res[f"replay eager-route {mode} b1"] = G.plan_replay(rs(mode, lo), **i, state_indices=None, scale=.1,
-                                                                 o=i["v"], opt=o("replay", {"EAGER_ROUTE": True, "BLOCK_V": 8,
-                                                                                   "num_warps": 1}))[0]
+                                                                 o=i["v"], opt=o("replay", {
+                                                                     "EAGER_ROUTE": True, "BLOCK_V": 8,
+                                                                     "num_warps": 1}))[0]
             for rk, bv in ((2, 4), (4, 8)):   # the deferred route (ROUTE_K)
                 res[f"replay deferred-route k{rk} {mode} b1"] = G.plan_replay(
-                    rs(mode, lo), **i, state_indices=None, scale=.1, o=i["v"], opt=o("replay", {"EAGER_ROUTE": True, "ROUTE_K": rk, "BLOCK_V": bv, "num_warps": 1}))[0]
+                    rs(mode, lo), **i, state_indices=None, scale=.1, o=i["v"],
+                    opt=o("replay", {"EAGER_ROUTE": True, "ROUTE_K": rk, "BLOCK_V": bv, "num_warps": 1}))[0]
     if b > 1:   # the flush step's rank-1 fold (FOLD_MMA is the default; one chunk per program: at the
         # table's two it spills); the opt-in two-pass dual flush
         res["replay rank-1 flush step b256"] = G.plan_replay(rs("replay"), **i, state_indices=None, scale=.1,
-                                                             o=i["v"], opt=o("replay", {"F_FOLD_MMA": False, "F_NR": 1}))[-1]
+                                                             o=i["v"],
+                                                             opt=o("replay", {"F_FOLD_MMA": False, "F_NR": 1}))[-1]
         res["replay dual two-pass b256 launch 1"] = G.plan_replay(
-            rs("dual", "bfloat16"), **i, state_indices=None, scale=.1, o=i["v"], opt=o("replay", {"F_TWO_PASS": True, "F_BLOCK_V": 128, "F_num_warps": 4, "F_CHUNK_K": 16}))[-1]
-    res[f"fold dual b{b}"] = G.plan_fold(rs("dual", "float8_e4m3"), torch.empty(b, dtype=torch.int32, device=M), None, 1, O)
+            rs("dual", "bfloat16"), **i, state_indices=None, scale=.1, o=i["v"],
+            opt=o("replay", {"F_TWO_PASS": True, "F_BLOCK_V": 128, "F_num_warps": 4, "F_CHUNK_K": 16}))[-1]
+    res[f"fold dual b{b}"] = G.plan_fold(rs("dual", "float8_e4m3"), torch.empty(b, dtype=torch.int32, device=M), None,
+                                         1, O)
     iv = x(b, 4)
     if b > 1:   # int64 state indices (accepted by the ops): the flush steps' rank lookups
         i64 = torch.empty(b, dtype=torch.int64, device=M)
         res["replay int64 indices b256 launch 1"] = G.plan_replay(rs("replay"), **i, state_indices=i64, scale=.1,
                                                                   o=i["v"], opt=O)[-1]
         res["commit scan int64 indices b256 launch 1"] = G.plan_commit(
-            rs("replay", None, 20), torch.empty(b, dtype=torch.int32, device=M), i64, o("commit", {"F_COMPACT": False}))[-1]
-    res[f"verify T4 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv, state_indices=None, scale=.1, o=iv["v"], opt=O)
-    res[f"verify fp32 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1, o=iv["v"], opt=O)
+            rs("replay", None, 20), torch.empty(b, dtype=torch.int32, device=M), i64,
+            o("commit", {"F_COMPACT": False}))[-1]
+    res[f"verify T4 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv, state_indices=None, scale=.1, o=iv["v"],
+                                           opt=O)
+    res[f"verify fp32 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1,
+                                                o=iv["v"], opt=O)
     res[f"verify tf32x3 T4 b{b}"] = G.plan_verify(rs("replay", None, 20), **iv, state_indices=None, scale=.1,
-                                                 o=iv["v"], opt=o("verify", {"S_PREC": "tf32x3", "SMALL_PREC": "tf32x3"}))
+                                                 o=iv["v"],
+                                                 opt=o("verify", {"S_PREC": "tf32x3", "SMALL_PREC": "tf32x3"}))
     acc = torch.empty(b, dtype=torch.int32, device=M)
     for mode, lo in (("replay", None), ("dual", "bfloat16")):
         for j, p in enumerate(G.plan_commit(rs(mode, lo, 20), acc, None, o("commit", {"COMMIT_FOLD": False}))):
@@ -82,9 +93,11 @@ for b in (1, 256):
     for j, p in enumerate(G.plan_refresh_lo(rs("dual", "float8_e4m3"), None, b)):   # a routed dual state's verify
         res[f"refresh lo b{b} launch {j}"] = p
     iv6 = x(b, 6)
-    res[f"verify T6 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 22), **iv6, state_indices=None, scale=.1, o=iv6["v"], opt=O)
+    res[f"verify T6 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 22), **iv6, state_indices=None, scale=.1,
+                                           o=iv6["v"], opt=O)
     iv8 = x(b, 8)
-    res[f"verify T8 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv8, state_indices=None, scale=.1, o=iv8["v"], opt=O)
+    res[f"verify T8 b{b}"] = G.plan_verify(rs("dual", "bfloat16", 20), **iv8, state_indices=None, scale=.1,
+                                           o=iv8["v"], opt=O)
 print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))
 """
 
@@ -107,7 +120,7 @@ def test_kernels_compile_for_hopper_without_spills():
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
         pytest.skip("triton wheel without the NVIDIA backend binaries")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     use = json.loads(r.stdout.strip().splitlines()[-1])
     for name, u in use.items():

@@ -98,7 +98,8 @@ def test_16bit_read_dots_keep_fp32_accuracy(model, mode, sd, lo, cfg):
 
 @cuda_only
 @pytest.mark.parametrize("mode,lo,batch", [("replay", None, 12), ("dual", "float8_e4m3", 12), ("replay", None, 24),
-                                           ("dual", "bfloat16", 24)], ids=["f32", "dual-fp8", "f32-b24", "dual-bf16-b24"])
+                                           ("dual", "bfloat16", 24)],
+                         ids=["f32", "dual-fp8", "f32-b24", "dual-bf16-b24"])
 def test_cuda_graph_replay_steps(mode, lo, batch):
     """Capture one replay step in a CUDA graph; replay 72 steps (K = 8: flushes at different
     steps per sequence) comparing with the reference step by step. Batch 12: the routes of small

@@ -171,7 +171,8 @@ def test_replay_matches_reference(case):
 
 
 @pytest.mark.parametrize("sh,lo,cfg,st", [(EVEN, "bfloat16", {"F_NR": 2}, True), (EVEN, "float8_e4m3", {}, True),
-                                          (TALL, "bfloat16", {"F_NR": 2}, False), (EVEN, "bfloat16", {"F_TMA": False}, False)],
+                                          (TALL, "bfloat16", {"F_NR": 2}, False),
+                                          (EVEN, "bfloat16", {"F_TMA": False}, False)],
                          ids=["inside-heads", "fp8-low", "chunk-past-dv", "no-tma-loads"])
 def test_flush_step_stores_through_tma_only_where_chunks_fit(sh, lo, cfg, st):
     # a bulk store writes its whole box: only where every chunk of a program lies inside its head
