@@ -111,6 +111,11 @@ def header_lines(manifest: dict, df, cpu: bool) -> list[tuple[str, str]]:
     ncases = (manifest.get("counts") or {}).get("cases") or sc.get("n_cases")
     items.append(("rows", f"{len(df)} of {ncases} cases: " + ", ".join(
         f"{counts.get(s, 0)} {s}" for s in ("ok", "error", "skipped"))))
+    if len(df) and "noisy" in df.columns:
+        noisy = df[(df["status"] == "ok") & df["noisy"].fillna(False).astype(bool)]
+        if len(noisy):
+            items.append(("noisy rows", f"{len(noisy)} ok row(s) with < 3 samples or IQR / median > 10 % "
+                                        f"(column noisy): read their medians with care"))
     return items
 
 

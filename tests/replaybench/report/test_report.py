@@ -216,3 +216,13 @@ def test_speedup_heatmap_has_a_panel_per_state_precision(tmp_path, monkeypatch):
     # batch 16, L/K 16/16: fp32 eager 160 / replay 160 / 1.36; bf16 eager 80 / replay 160 / 1.36 / 1.5
     assert texts["replay / triton, state float32"] == ["1.28×", "1.28×", "1.36×", "n/a"]
     assert texts["replay / triton, state bfloat16"] == ["0.96×", "0.96×", "1.02×", "n/a"]
+
+
+def test_header_counts_noisy_rows():
+    import pandas as pd
+
+    from replaybench.report import header_lines
+    df = pd.DataFrame({"status": ["ok", "ok", "error"], "noisy": [True, False, None]})
+    items = dict(header_lines({"run_id": "r", "device": {"kind": "cpu"}}, df, cpu=True))
+    assert items["noisy rows"].startswith("1 ok row(s)")
+    assert "noisy rows" not in dict(header_lines({"run_id": "r"}, df.drop(columns="noisy"), cpu=True))
