@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted; rerun the same command to resume")
         return 130
+    except BrokenPipeError:     # output piped into `head` and the like: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def cmd_sweep(args, argv) -> int:
