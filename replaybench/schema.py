@@ -122,7 +122,7 @@ COLUMNS: tuple[Column, ...] = (
     _C("kl_p99", "float", "runner", "drift: the same, p99 [nats]"),
     _C("top1", "float", "runner", "drift: fraction of next-token argmaxes equal to fp64's"),
     _C("drift_series", "str", "runner", "drift: every measurement step's values (JSON list of records; "
-       "replaybench.report_drift.drift_long expands it)"),
+       "replaybench.report.drift.drift_long expands it)"),
     _C("window", "int", "runner", "drift: steps pooled at each measurement step"),
     _C("ref_entropy", "float", "runner", "drift: mean entropy of the fp64 stack's next-token distribution [nats]"),
     _C("stack_layers", "int", "runner", "drift: decode layers in the stack"),

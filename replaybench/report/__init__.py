@@ -13,6 +13,7 @@ report/common.py and never import each other's internals:
   paper      paper-scenario runs: ratios over vLLM's kernels next to the published points (published.toml)
   goals      the project's targets held against the run (goals.toml)
   spread     with --compare OTHER: run-to-run spread against a repeat
+  drift      drift-runner runs: numerical drift of the state precisions against fp64
 
 Speedups are computed here from rows of the same run; they are never stored.
 A report never runs a kernel.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from ..schema import TABLE_COLUMNS  # the "All rows" table's columns
 from ..store import RunStore
-from . import goals, paper, roofline, size, spec, spread
+from . import drift, goals, paper, roofline, size, spec, spread
 from .common import METHOD_COLORS, device_suffix, fmt_value, is_cpu_run, method_key, save_figure
 from .overview import fig_bytes_per_step, fig_time_vs_batch, throttle_table
 from .speedup import fig_speedup_heatmaps, route_label, speedup_table
@@ -36,7 +37,7 @@ __all__ = ["write_report", "speedup_table", "route_label", "header_lines", "row_
 
 FIG_PATTERNS = ("time_vs_batch.*", "bytes_per_step.*", "speedup_*.png", "speedup_*.svg", "spec_speedup.*",
                 "memory.*", "roofline.*", "traffic_measured.*", "spread.*", "model_size.*",
-                "paper_style.*")
+                "paper_style.*", "drift-*.png")
 
 
 def row_sessions(df, manifest: dict):
@@ -273,6 +274,9 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     md += ["## Speedups vs eager (same run)", "", _md_table(sp, sp_cols)]
     for t, intro, tdf, cols in extra_tables:
         md += [f"## {t}", "", intro, "", _md_table(tdf, cols)]
+    drift_md = drift.drift_section(df, out_dir) if len(df) and "drift_series" in df.columns else ""
+    if drift_md:   # drift-runner rows: their own section (tables and one figure per model)
+        md += [drift_md, ""]
     md += [f"## Errors ({len(errors)})", "", _md_table(errors, ["case_id", "error"])]
     md += [f"## All rows ({len(df)})", "", _md_table(rows_sorted, TABLE_COLUMNS)]
     (out_dir / "report.md").write_text("\n".join(md), encoding="utf-8")
@@ -301,6 +305,15 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     h.append("<h2>Speedups vs eager (same run)</h2>" + _html_table(sp, sp_cols))
     for t, intro, tdf, cols in extra_tables:
         h.append(f"<h2>{html.escape(t)}</h2><p>{html.escape(intro)}</p>" + _html_table(tdf, cols))
+    if drift_md:
+        long = drift.drift_long(df)
+        dt, dg = drift.drift_table(long), drift.drift_goals(long)
+        h.append("<h2>Numerical drift vs fp64</h2>" + _html_table(dt, list(dt.columns))
+                 + "<h3>Goal: dual flat, and &gt;= 5x below shared-low at 4,096 steps</h3>"
+                 + _html_table(dg, list(dg.columns)))
+        for p in sorted(out_dir.glob("drift-*.png")):
+            b64 = base64.b64encode(p.read_bytes()).decode("ascii")
+            h.append(f"<figure><img alt='{html.escape(p.stem)}' src='data:image/png;base64,{b64}'></figure>")
     h.append(f"<h2>Errors ({len(errors)})</h2>" + _html_table(errors, ["case_id", "error"]))
     h.append(f"<h2>All rows ({len(df)})</h2>" + _html_table(rows_sorted, TABLE_COLUMNS))
     h.append("</body></html>")

@@ -7,7 +7,7 @@ sequences. It runs the op-level decode and the stack-level decode and returns on
 values at the last measurement point as flat columns (step, rel_err, rel_err_p99,
 state_rel_err, kl, top1) and every point in `drift_series` (JSON: a list of records with
 step, out_med, out_p99, state_med, state_p99, lo_med, lo_p99, kl_mean, kl_p99, top1;
-replaybench.report_drift expands it into long rows). The fp64 references of a model (op and
+replaybench.report.drift expands it into long rows). The fp64 references of a model (op and
 stack) are computed once and shared by the cases that follow with the same model, batch,
 seed, step count and device. Nothing is timed (median_us is empty).
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from replaybench import drift_study as D
-from replaybench.report_drift import drift_goals, drift_long, drift_section, drift_table
+from replaybench.report.drift import drift_goals, drift_long, drift_section, drift_table
 from replaybench.runners import RunContext, SkipCase
 from replaybench.runners import drift
 from replaybench.scenario import TimingConfig, load_scenario, parse_scenario
@@ -195,6 +195,17 @@ def test_report_section(tmp_path):
     assert "## Numerical drift vs fp64" in md and "drift-tiny-gdn.png" in md
     assert (tmp_path / "drift-tiny-gdn.png").stat().st_size > 0
     assert drift_section(df.iloc[0:0], tmp_path) == ""
+    # and in a report written from the stored rows
+    from replaybench.report import write_report
+    from replaybench.store import RunStore
+    st = RunStore.create_or_resume(tmp_path / "results", "d", {"scenario": {"name": "drift", "sha256": "x"}})
+    for r in rows:
+        st.append(r)
+    st.unlock()
+    out = write_report(st.run_dir, reports_dir=tmp_path / "reports")
+    assert "## Numerical drift vs fp64" in (out / "report.md").read_text(encoding="utf-8")
+    assert "Numerical drift vs fp64" in (out / "report.html").read_text(encoding="utf-8")
+    assert (out / "drift-tiny-gdn.png").exists()
 
 
 def test_scenarios_parse():

@@ -1,4 +1,4 @@
-"""Drift section of a report, from the drift runner's rows only (replaybench.runners.drift).
+"""Drift section of a report (report/drift.py), from the drift runner's rows only (replaybench.runners.drift).
 
     drift_long       one row per (case, measurement step): the rows' `drift_series` expanded
     drift_table      per model and configuration: median (p99) per-step output error at 128 /
@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .drift_study import CONFIGS, TABLE_STEPS, config_label  # noqa: E402
+from ..drift_study import CONFIGS, TABLE_STEPS, config_label  # noqa: E402
 
 ID_COLS = ["model", "config", "method", "state_dtype", "lo_dtype", "backend", "batch", "steps", "device"]
 POINT_COLS = ["step", "out_med", "out_p99", "long_med", "long_p99", "state_med", "state_p99", "lo_med", "lo_p99",
