@@ -1,4 +1,6 @@
-"""Exact PyTorch recurrences for Mamba-2 and Gated DeltaNet decode: the oracle.
+"""Exact PyTorch recurrences for Mamba-2 and Gated DeltaNet decode: the oracle (one public
+namespace: the Mamba-2 part lives in replayssm.mamba2.reference, the shared helpers in
+replayssm.common.reference, byte counting in replayssm.accounting).
 
 Every op works on a batch whose row b addresses state slot ``state_indices[b]``; a
 negative index is a padded row: nothing is read or written for it and its output is 0.
@@ -36,312 +38,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .state import CURSOR_MASK, LO_STALE, ByteCounter, GDNReplayState, Mamba2ReplayState, compute_dtype
+from .accounting import (count_flush_write, count_perdraft, count_refresh, count_step, flush_rows,  # noqa: F401
+                         flush_slots, gdn_io_bytes, live_rows, mamba2_io_bytes, perdraft_columns, perdraft_rows)
+from .common.reference import (L2_EPS, SOFTPLUS_THRESHOLD, advance, commit, decay_weights,  # noqa: F401
+                               expand_groups, l2norm, refresh_stale, softplus, write_flushed)
+from .mamba2.reference import (mamba2_commit, mamba2_eager_step, mamba2_flush, mamba2_replay_step,  # noqa: F401
+                               mamba2_verify)
+from .state import ByteCounter, GDNReplayState, compute_dtype
 
-L2_EPS = 1e-6
-SOFTPLUS_THRESHOLD = 20.0
-
-
-# ----------------------------------------------------------------------------- helpers
-def softplus(v: torch.Tensor) -> torch.Tensor:
-    """softplus with the usual linear branch above 20 (the kernels use the same rule)."""
-    return torch.where(v > SOFTPLUS_THRESHOLD, v, torch.log1p(torch.exp(torch.clamp(v, max=SOFTPLUS_THRESHOLD))))
-
-
-def l2norm(v: torch.Tensor) -> torch.Tensor:
-    """v / sqrt(sum(v^2) + 1e-6) over the last dim."""
-    return v * torch.rsqrt((v * v).sum(-1, keepdim=True) + L2_EPS)
-
-
-def live_rows(state_indices: torch.Tensor | None, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, slots): batch rows that are not padding and the slots they address."""
-    if state_indices is None:
-        rows = torch.arange(batch, device=device)
-        return rows, rows
-    idx = state_indices.to(device=device, dtype=torch.long)
-    rows = torch.nonzero(idx >= 0).flatten()
-    return rows, idx[rows]
-
-
-def _expand_groups(t: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
-    """Repeat grouped tensors (B/C per group, k/q per key head) up to `heads` along `dim`."""
-    return t.repeat_interleave(heads // t.shape[dim], dim=dim)
-
-
-def _decay_weights(logdecay: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights of buffer entries for targets that include entries 0..end.
-
-    logdecay: [b, L, H]  log of each entry's decay (log a_i or g_i); entries past a
-                         sequence's valid range may hold anything
-    end:      [b, T]     last entry index included for each target (-1: none)
-    returns   total [b, T, H] = exp(c_end)  (decay applied to the checkpoint)
-              rel   [b, T, L, H] = exp(c_end - c_i) for i <= end, else 0
-    """
-    b, L, H = logdecay.shape
-    pos = torch.arange(L, device=logdecay.device)
-    valid = pos[None, :] <= end.max(dim=1).values[:, None]             # [b, L] entries any target uses
-    c = torch.cumsum(torch.where(valid[..., None], logdecay, torch.zeros_like(logdecay)), dim=1)
-    c_end = torch.gather(c, 1, end.clamp(min=0)[..., None].expand(b, end.shape[1], H))  # [b, T, H]
-    c_end = torch.where(end[..., None] >= 0, c_end, torch.zeros_like(c_end))
-    mask = pos[None, None, :] <= end[..., None]                         # [b, T, L]
-    diff = c_end[:, :, None, :] - c[:, None, :, :]                      # [b, T, L, H]
-    rel = torch.where(mask[..., None], torch.exp(torch.where(mask[..., None], diff, torch.zeros_like(diff))),
-                      torch.zeros_like(diff))
-    return torch.exp(c_end), rel
-
-
-# ----------------------------------------------------------------------------- Mamba-2
-def mamba2_eager_step(state: torch.Tensor, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
-                      counter: ByteCounter | None = None) -> torch.Tensor:
-    """One eager decode step; reads and writes the state.
-
-    state [S, H, P, N] (updated in place), x [b, H, P], dt [b, H] (raw), A [H], B/C [b, G, N],
-    D [H], dt_bias [H], z [b, H, P] or None, state_indices [b] (negative = padding).
-    Returns y [b, H, P] in x's dtype.
-    """
-    cd = compute_dtype(state, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
-    H = x.shape[1]
-    xs, Bh, Ch = x[rows].to(cd), _expand_groups(B[rows].to(cd), H, 1), _expand_groups(C[rows].to(cd), H, 1)
-    dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))
-    a = torch.exp(dtv * A.to(cd))
-    S = state[slots].to(cd)
-    S = a[..., None, None] * S + (dtv[..., None] * xs)[..., None] * Bh[:, :, None, :]
-    y = torch.einsum("bhpn,bhn->bhp", S, Ch) + D.to(cd)[:, None] * xs
-    if z is not None:
-        y = y * F.silu(z[rows].to(cd))
-    state[slots] = S.to(state.dtype)
-    out = torch.zeros_like(x)
-    out[rows] = y.to(x.dtype)
-    if counter is not None:
-        n = len(rows)
-        sb = state[0].numel() * state.element_size()
-        counter.ckpt_read += n * sb
-        counter.ckpt_write += n * sb
-        counter.io_read += n * _mamba2_io_bytes(x, dt, B, C, z)
-        counter.io_write += n * x[0].numel() * x.element_size()
-        counter.steps += 1
-    return out
-
-
-def _mamba2_io_bytes(x, dt, B, C, z) -> int:
-    """Per-sequence input bytes of one Mamba-2 step (x, dt, B, C, z)."""
-    n = x[0].numel() * x.element_size() + dt[0].numel() * dt.element_size()
-    n += B[0].numel() * B.element_size() + C[0].numel() * C.element_size()
-    if z is not None:
-        n += z[0].numel() * z.element_size()
-    return n
-
-
-def _mamba2_buffer(rs: Mamba2ReplayState, slots, cd, H):
-    X = rs.x[slots].to(cd)                                  # [b, L, H, P]
-    Bb = _expand_groups(rs.B[slots].to(cd), H, 2)           # [b, L, H, N]
-    dtb = rs.dt[slots].to(cd)                               # [b, L, H]
-    return X, Bb, dtb
-
-
-def _mamba2_outputs(S, X, Bb, dtb, A, Ch, end):
-    """y without D/z for targets over entries 0..end: S [b,H,P,N] checkpoint (dequantised),
-    X [b,L,H,P], Bb [b,L,H,N], dtb [b,L,H], Ch [b,T,H,N], end [b,T] -> [b,T,H,P]."""
-    total, rel = _decay_weights(dtb * A, end)              # [b,T,H], [b,T,L,H]
-    w = rel * dtb[:, None]                                  # dt_i * prod_{i<j<=e} a_j
-    bc = torch.einsum("blhn,bthn->btlh", Bb, Ch)
-    return total[..., None] * torch.einsum("bhpn,bthn->bthp", S, Ch) + torch.einsum("btlh,blhp->bthp", w * bc, X)
-
-
-def _mamba2_fold(S, X, Bb, dtb, A, end):
-    """State after entries 0..end ([b]) from checkpoint S [b,H,P,N]."""
-    total, rel = _decay_weights(dtb * A, end[:, None])
-    w = (rel * dtb[:, None])[:, 0]                          # [b, L, H]
-    return total[:, 0, :, None, None] * S + torch.einsum("blh,blhp,blhn->bhpn", w, X, Bb)
-
-
-def _mamba2_row_bytes(rs: Mamba2ReplayState) -> int:
-    return rs.buffer_row_bytes()
-
-
-def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None,
-                       route: int = 0):
-    """One ReplaySSM decode step (output-only route; fused flush when the cursor reaches K or
-    the low copy is stale). route: the small-batch route's semantics (_flush_rows).
-
-    Same tensor shapes as mamba2_eager_step. Appends (x, B, softplus(dt + dt_bias)) at each
-    sequence's cursor. Returns y [b, H, P].
-    """
-    cd = compute_dtype(rs.hi.data, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
-    out = torch.zeros_like(x)
-    if len(rows) == 0:
-        return out
-    H = x.shape[1]
-    n = rs.entries(slots)
-    if int(n.max()) >= rs.capacity:
-        raise RuntimeError("buffer overflow: cursor reached capacity without a flush")
-    xs, Ch = x[rows].to(cd), _expand_groups(C[rows].to(cd), H, 1)
-    dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))
-    rs.x[slots, n], rs.B[slots, n], rs.dt[slots, n] = x[rows], B[rows], dtv.to(rs.dt.dtype)
-    X, Bb, dtb = _mamba2_buffer(rs, slots, cd, H)
-    Acd = A.to(cd)
-    flush = _flush_rows(rs, slots, n, route)
-    y = torch.empty(len(rows), H, x.shape[2], dtype=cd, device=x.device)
-    f, nf = torch.nonzero(flush).flatten(), torch.nonzero(~flush).flatten()
-    if len(nf):
-        S = (rs.hi if route else rs.read_ckpt).read(slots[nf], cd)
-        y[nf] = _mamba2_outputs(S, X[nf], Bb[nf], dtb[nf], Acd, Ch[nf, None], n[nf, None])[:, 0]
-        _advance(rs, slots[nf], n[nf], route)
-    if len(f):
-        S = _mamba2_fold(rs.hi.read(slots[f], cd), X[f], Bb[f], dtb[f], Acd, n[f])
-        y[f] = torch.einsum("bhpn,bhn->bhp", S, Ch[f])
-        _write_flushed(rs, slots[f], S, route)
-    y = y + D.to(cd)[:, None] * xs
-    if z is not None:
-        y = y * F.silu(z[rows].to(cd))
-    out[rows] = y.to(x.dtype)
-    count_step(rs, n, flush, route, _mamba2_io_bytes(x, dt, B, C, z), x[0].numel() * x.element_size())
-    return out
-
-
-def count_step(rs, n, flush, route: int, io_read: int, io_write: int) -> None:
-    """Bytes of one replay step over live rows with entries n [b] and flush decisions
-    flush [b] (_flush_rows); io_read / io_write: input / output bytes per row; route: the
-    small-batch route's period (0: not routed; its steps read the high copy)."""
-    nflush = int(flush.sum())
-    nn = len(n) - nflush
-    rb = rs.buffer_row_bytes()
-    read = rs.hi if route else rs.read_ckpt
-    rs.count(ckpt_read=nn * read.bytes_per_slot() + nflush * rs.hi.bytes_per_slot(),
-             buf_read=int(n.sum()) * rb, buf_write=nn * rb, io_read=len(n) * io_read, io_write=len(n) * io_write)
-    _count_flush_write(rs, nflush, route)
-
-
-def _flush_rows(rs, slots, n, route: int) -> torch.Tensor:
-    """[b] bool: the step flushes the sequence. Its cursor reaches K, or a stale low copy
-    (LO_STALE) would be read: the step folds and refreshes it instead. route (the small-batch
-    route's period k, which the Triton kernels take by batch size): the cursor reaches
-    min(k, K) (k = 1: every sequence flushes); the low copy is not read."""
-    if route:
-        return n + 1 >= min(int(route), rs.flush_period)
-    return (n + 1 >= rs.flush_period) | rs.lo_stale(slots)
-
-
-def _advance(rs, slots, n, route: int) -> None:
-    """Cursors of sequences that appended without flushing: n + 1; the small-batch route
-    (route >= 1) marks a dual state's low copy stale (module docstring)."""
-    c = (n + 1).to(torch.int32)
-    if route and rs.mode == "dual":
-        c = c | LO_STALE
-        rs.routed = True
-    rs.cursor[slots] = c
-
-
-def _write_flushed(rs, slots, S, route: int = 0) -> None:
-    """Write a folded state to the high checkpoint, refresh the low copy, reset cursors.
-    route (dual): the high copy only; the low copy is left stale (the cursor word LO_STALE)."""
-    rs.hi.write(slots, S)
-    if route and rs.mode == "dual":
-        rs.cursor[slots] = LO_STALE
-        rs.routed = True
-        return
-    if rs.lo is not None:
-        rs.lo.write(slots, S)
-    rs.cursor[slots] = 0
-
-
-def _count_flush_write(rs, nflush: int, route: int = 0) -> None:
-    per = rs.hi.bytes_per_slot() if route and rs.mode == "dual" else rs.state_bytes_per_slot()
-    rs.count(ckpt_write=nflush * per)
-    if rs.counter is not None:
-        rs.counter.steps += 1
-
-
-def _refresh_stale(rs, slots, cd) -> None:
-    """Write the low copy of `slots` whose copy is stale (LO_STALE) from the high checkpoint,
-    before a verify reads it, and clear the bit."""
-    st = slots[rs.lo_stale(slots)]
-    if len(st):
-        rs.lo.write(st, rs.hi.read(st, cd))
-        rs.cursor[st] = rs.cursor[st] & CURSOR_MASK
-    count_refresh(rs, len(st))
-
-
-def count_refresh(rs, nstale: int) -> None:
-    """Bytes of refreshing `nstale` stale low copies (read high, write low)."""
-    if nstale:
-        rs.count(ckpt_read=nstale * rs.hi.bytes_per_slot(), ckpt_write=nstale * rs.lo.bytes_per_slot())
-
-
-def mamba2_flush(rs: Mamba2ReplayState, A, slots: torch.Tensor | None = None) -> None:
-    """Fold every committed entry of `slots` (default: all slots with entries, or with a
-    stale low copy, which is refreshed) into the checkpoint."""
-    slots = _flush_slots(rs, slots)
-    if len(slots) == 0:
-        return
-    cd = compute_dtype(rs.hi.data, rs.x)
-    X, Bb, dtb = _mamba2_buffer(rs, slots, cd, rs.x.shape[2])
-    n = rs.entries(slots)
-    S = _mamba2_fold(rs.hi.read(slots, cd), X, Bb, dtb, A.to(cd), n - 1)
-    rs.count(ckpt_read=len(slots) * rs.hi.bytes_per_slot(), buf_read=int(n.sum()) * rs.buffer_row_bytes(),
-             ckpt_write=len(slots) * rs.state_bytes_per_slot())
-    _write_flushed(rs, slots, S)
-
-
-def _flush_slots(rs, slots):
-    """The slots a flush folds: entries pending, or a stale low copy to refresh."""
-    if slots is None:
-        slots = torch.arange(rs.cursor.shape[0], device=rs.cursor.device)
-    slots = slots.to(torch.long)
-    return slots[rs.cursor[slots] != 0]
-
-
-def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None):
-    """Speculative verification of T drafts: all T outputs from checkpoint + buffer.
-
-    x [b, T, H, P], dt [b, T, H], B/C [b, T, G, N], z [b, T, H, P] or None.
-    Drafts are written at buffer positions cursor..cursor+T-1; the cursor does not move
-    (mamba2_commit moves it). No per-draft state. Returns y [b, T, H, P].
-    """
-    cd = compute_dtype(rs.hi.data, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
-    out = torch.zeros_like(x)
-    if len(rows) == 0:
-        return out
-    T, H = x.shape[1], x.shape[2]
-    _refresh_stale(rs, slots, cd)
-    n = rs.entries(slots)
-    if int(n.max()) + T > rs.capacity:
-        raise RuntimeError(f"draft window of {T} does not fit: cursor {int(n.max())}, capacity {rs.capacity}")
-    pos = n[:, None] + torch.arange(T, device=x.device)     # [b, T]
-    dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))        # [b, T, H]
-    rs.x[slots[:, None], pos], rs.B[slots[:, None], pos] = x[rows], B[rows]
-    rs.dt[slots[:, None], pos] = dtv.to(rs.dt.dtype)
-    X, Bb, dtb = _mamba2_buffer(rs, slots, cd, H)
-    Ch = _expand_groups(C[rows].to(cd), H, 2)
-    y = _mamba2_outputs(rs.read_ckpt.read(slots, cd), X, Bb, dtb, A.to(cd), Ch, pos)
-    xs = x[rows].to(cd)
-    y = y + D.to(cd)[:, None] * xs
-    if z is not None:
-        y = y * F.silu(z[rows].to(cd))
-    out[rows] = y.to(x.dtype)
-    rs.count(ckpt_read=len(rows) * rs.read_ckpt.bytes_per_slot(),
-             buf_read=int(n.sum()) * rs.buffer_row_bytes(), buf_write=len(rows) * T * rs.buffer_row_bytes(),
-             io_read=len(rows) * _mamba2_io_bytes(x, dt, B, C, z),
-             io_write=len(rows) * x[0].numel() * x.element_size())
-    return out
-
-
-def commit(rs, accepted: torch.Tensor, state_indices=None, flush=None) -> None:
-    """Accept `accepted[b]` (0..T) drafts per row: a cursor move; then flush sequences whose
-    cursor reached the flush period. `flush(rs, slots)` folds entries (family-specific)."""
-    rows, slots = live_rows(state_indices, accepted.shape[0], accepted.device)
-    rs.cursor[slots] = (rs.entries(slots) + accepted[rows].long()).to(torch.int32)
-    due = slots[rs.cursor[slots] >= rs.flush_period]
-    if len(due):
-        flush(rs, due)
-
-
-def mamba2_commit(rs: Mamba2ReplayState, A, accepted, state_indices=None) -> None:
-    """Commit accepted drafts (see commit) and flush where due."""
-    commit(rs, accepted, state_indices, lambda r, s: mamba2_flush(r, A, s))
+# the GDN and per-draft code below (and callers still on these names) use the helpers' old names
+_expand_groups, _decay_weights, _advance, _write_flushed = expand_groups, decay_weights, advance, write_flushed
+_refresh_stale, _count_flush_write, _flush_rows, _flush_slots = refresh_stale, count_flush_write, flush_rows, flush_slots
+_mamba2_io_bytes, _gdn_io_bytes, _perdraft_rows, _count_perdraft = mamba2_io_bytes, gdn_io_bytes, perdraft_rows, \
+    count_perdraft
 
 
 # ----------------------------------------------------------------------------- GDN
@@ -384,10 +93,6 @@ def gdn_eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, sc
         counter.io_write += len(rows) * v[0].numel() * v.element_size()
         counter.steps += 1
     return out
-
-
-def _gdn_io_bytes(q, k, v, g, beta) -> int:
-    return sum(t[0].numel() * t.element_size() for t in (q, k, v, g, beta))
 
 
 def _gdn_apply(S, U, Kn, G, vec, end):
@@ -586,40 +291,11 @@ def gdn_commit(rs: GDNReplayState, accepted, state_indices=None) -> None:
 # traffic is vLLM's: one state read and T state writes per request and round.
 # A row whose start slot is negative is padding (output 0, nothing read or written); a
 # negative destination slot is skipped. Live rows must own distinct slots.
-def perdraft_columns(start: torch.Tensor, T: int) -> torch.Tensor:
-    """[b, T] slot-table columns the states after tokens 0..T-1 go to: (start + 1 + t) mod (1 + T)."""
-    return (start.to(torch.long)[:, None] + 1 + torch.arange(T, device=start.device)) % (T + 1)
-
-
 def perdraft_advance(start: torch.Tensor, accepted: torch.Tensor, T: int) -> torch.Tensor:
     """Commit for the per-draft baseline: start <- (start + accepted) mod (1 + T), in place."""
     start.copy_(((start.to(torch.long) + accepted.to(device=start.device, dtype=torch.long)) % (T + 1))
                 .to(start.dtype))
     return start
-
-
-def _perdraft_rows(slot_table: torch.Tensor, start: torch.Tensor):
-    """(live rows, their start slots, destination slots [rows, T]) of a per-draft round."""
-    T = slot_table.shape[1] - 1
-    tbl = slot_table.to(torch.long)
-    st = start.to(device=tbl.device, dtype=torch.long)
-    if st.numel() and (int(st.min()) < 0 or int(st.max()) > T):
-        raise ValueError(f"start columns must be in 0..{T}")
-    src = tbl.gather(1, st[:, None])[:, 0]
-    rows = torch.nonzero(src >= 0).flatten()
-    dst = tbl.gather(1, perdraft_columns(st, T))
-    return rows, src[rows], dst[rows]
-
-
-def _count_perdraft(counter, states, n_rows, n_writes, io_read, io_write) -> None:
-    if counter is None:
-        return
-    sb = states[0].numel() * states.element_size()
-    counter.ckpt_read += n_rows * sb
-    counter.ckpt_write += n_writes * sb
-    counter.io_read += io_read
-    counter.io_write += io_write
-    counter.steps += 1
 
 
 def mamba2_verify_perdraft(states: torch.Tensor, slot_table: torch.Tensor, start: torch.Tensor, x, dt, A, B, C, D,

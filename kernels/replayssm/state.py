@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .accounting import ByteCounter  # noqa: F401 (part of this module's API: the states count into one)
+
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 LO_STALE = 1 << 15          # cursor bit: the low copy is stale (module docstring)
 CURSOR_MASK = (1 << 8) - 1  # cursor bits: entries since the last flush
@@ -75,27 +77,6 @@ def dtype_of(name: str | torch.dtype) -> torch.dtype:
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """float64 if any tensor is float64 (exact reference runs), else float32."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-@dataclass
-class ByteCounter:
-    """Bytes an op touches in device memory, by kind. Counts unique bytes per step
-    (a group's B row shared by its heads counts once)."""
-
-    ckpt_read: int = 0
-    ckpt_write: int = 0
-    buf_read: int = 0
-    buf_write: int = 0
-    io_read: int = 0
-    io_write: int = 0
-    steps: int = 0
-
-    def total(self) -> int:
-        return self.ckpt_read + self.ckpt_write + self.buf_read + self.buf_write + self.io_read + self.io_write
-
-    def reset(self) -> None:
-        for f in ("ckpt_read", "ckpt_write", "buf_read", "buf_write", "io_read", "io_write", "steps"):
-            setattr(self, f, 0)
 
 
 @dataclass

@@ -88,9 +88,8 @@ def bf16_split3(a, EXACT: tl.constexpr, PREC: tl.constexpr):
     """(hi, mid, lo) bf16 with a ~= hi + mid + lo: hi = bf16(a), mid = bf16(a - hi), lo = bf16(a - hi - mid);
     |a - hi - mid - lo| <= 2^-24 |a| (each rounding leaves at most 2^-8 of what it rounds).
     The same roundings, bit for bit, either way: on the GPU in inline PTX ("bf16x3e",
-    _bf16_split3_pairs), or by Triton's conversions ("bf16x3e_cvt", the way before session 27:
-    GDN's A/Bs and Mamba-2's folds (mamba2._outer_sum, the PTX form untimed there); and under
-    the CPU interpreter (EXACT), which cannot run inline PTX)."""
+    _bf16_split3_pairs), or by Triton's conversions ("bf16x3e_cvt": Mamba-2's folds, where the
+    PTX form was not timed; and under the CPU interpreter (EXACT), which cannot run inline PTX)."""
     if EXACT or (PREC == "bf16x3e_cvt"):
         hi = a.to(tl.bfloat16, fp_downcast_rounding="rtne")
         r = a - hi.to(tl.float32)
@@ -108,12 +107,12 @@ def _bf16_split3_pairs(a):
     register an MMA operand takes, the residual from the packed word (a bf16 is the top half of
     its fp32: a shift or a mask), 11 instructions a pair. Triton's conversions take one F2F per
     element, a byte permute to pack each pair and a multiply-add to widen each term back (~15 a
-    pair; session 26's profile of the GDN dual flush step: a third of its chunk loop).
+    pair: a third of the GDN dual flush step's chunk loop).
     Pure, so Triton places it: in the dual flush step it splits after converting the fp32 chunk
     into the MMA operand's layout (each of the two warps then splits all of it: 829 SASS
     instructions a chunk on sm_90, 208 registers). Marked impure it stays where `a` is, each
     warp splitting its half and the three terms converted (688 instructions, but 249 registers
-    and 47 KiB of shared memory): 1-2 % slower on the H200 (docs/kernels.md, session 27)."""
+    and 47 KiB of shared memory): 1-2 % slower on the H200."""
     return tl.inline_asm_elementwise(
         """{
         .reg .b32 w0, w1;
