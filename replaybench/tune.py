@@ -17,7 +17,8 @@ an error naming the allowed ones). The variant "default" (no settings) is always
 Per case, every variant of the case's family is first checked against the reference (the
 kernel runner's check: outputs over enough steps to cross a flush; a variant that fails is
 an error row and is not timed), then the variants are timed in interleaved rounds (all
-variants once, `--rounds` times), so a drift of the GPU's clocks hits them alike. A row per
+variants once, `--rounds` times), so a drift of the GPU's clocks hits them alike. Speculative cases (spec-replay methods) time
+verify + commit rounds, where `override.verify` / `override.commit` apply. A row per
 (case, variant) goes to results/<run-id>/ as the sweep's rows do (case_id + '/variant=NAME',
 a `variant` column, `vs_default` = default's median / this one's); a rerun resumes.
 """
@@ -119,8 +120,24 @@ def load_tune(path: str | Path) -> tuple[Scenario, list[Variant]]:
 
 
 def _tunable(case) -> bool:
+    """Our replay-state kernels on the triton backend: decode steps (kernel runner) and
+    speculative rounds of the replay state (spec runner; verify + commit)."""
     m = METHODS[case.method]
-    return m.ours and m.runner == "kernel" and case.backend == "triton"
+    return m.ours and case.backend == "triton" and (m.runner == "kernel" or (m.runner == "spec" and bool(m.mode)))
+
+
+def _check_and_workload(case, model, dev, opts):
+    """(check error, (sample, units per sample)) of a case with the family's options."""
+    from .runners import kernel, spec
+    if METHODS[case.method].spec:
+        from .accept import DEFAULT, resolve_accept
+        err = spec.check_spec(case, model, dev, options=opts)
+        accept = resolve_accept(case.accept if case.accept not in (None, "", "none") else DEFAULT, case.spec_window)
+        sample, rounds, nl, _, _ = spec.workload(case, model, dev, accept, options=opts)
+        return err, (sample, rounds * nl)
+    err = kernel.check_against_reference(case, model, dev, options=opts)
+    sample, steps, nl = kernel.workload(case, model, dev, options=opts)
+    return err, (sample, steps * nl)
 
 
 def run_tune(path, device: str = "auto", results_dir: str = "results", rounds: int = 3,
@@ -131,7 +148,6 @@ def run_tune(path, device: str = "auto", results_dir: str = "results", rounds: i
 
     from .models import get_model
     from .runners import RunContext
-    from .runners.kernel import check_against_reference, workload
     from .store import RunStore
     from .sweep import build_manifest, choose_run_id, make_row, setup_device_env
     from .timing import measure
@@ -139,12 +155,15 @@ def run_tune(path, device: str = "auto", results_dir: str = "results", rounds: i
 
     scenario, variants = load_tune(path)
     dev = setup_device_env(device)
+    if scenario.device == "gpu" and dev == "cpu" and device != "cpu":
+        raise RuntimeError(f"{path} is a GPU scenario and no GPU is visible (--device cpu runs it on the "
+                           f"CPU under the Triton interpreter anyway)")
     info = device_info(dev)
     rid = choose_run_id(scenario, info, run_id, False)
     cases = [dataclasses.replace(c, device=dev) for c in scenario.cases if _tunable(c)]
     if not cases:
-        raise ScenarioError(path, "sweep", "no case the tuner can time (our kernels, triton backend, decode "
-                            "methods of the kernel runner)")
+        raise ScenarioError(path, "sweep", "no case the tuner can time (our replay-state kernels on the triton "
+                            "backend: decode steps or speculative rounds)")
     store = RunStore.create_or_resume(results_dir, rid, build_manifest(scenario, info, rid, ["replaybench", "tune"],
                                                                        {}, len(cases) * len(variants)))
     log(f"tune {scenario.name}: {len(cases)} case(s) x {len(variants)} variant(s), {rounds} interleaved round(s) "
@@ -165,9 +184,8 @@ def run_tune(path, device: str = "auto", results_dir: str = "results", rounds: i
                 vcase = dataclasses.replace(case, case_id=f"{case.case_id}/variant={v.name}")
                 t0 = time.perf_counter()
                 try:
-                    opts = v.build(model.op)
-                    err = check_against_reference(case, model, dev, options=opts)
-                    works[v.name] = (workload(case, model, dev, options=opts), err)
+                    err, work = _check_and_workload(case, model, dev, v.build(model.op))
+                    works[v.name] = (work, err)
                 except Exception as e:  # noqa: BLE001 - a failing variant is a row, the tune goes on
                     failures += 1
                     rows[v.name] = make_row(vcase, None, run_id=rid, device_label=info.get("label", dev), ceilings={},
@@ -176,8 +194,8 @@ def run_tune(path, device: str = "auto", results_dir: str = "results", rounds: i
             medians: dict[str, list[float]] = {n: [] for n in works}
             last = {}
             for _ in range(rounds):
-                for name, ((sample, steps, nl), _) in works.items():
-                    t = measure(sample, dev, ctx.timing, per=steps * nl)
+                for name, ((sample, units), _) in works.items():
+                    t = measure(sample, dev, ctx.timing, per=units)
                     medians[name].append(t.median_us)
                     last[name] = t
             base = statistics.median(medians[DEFAULT]) if medians.get(DEFAULT) else None
@@ -204,14 +222,14 @@ def run_tune(path, device: str = "auto", results_dir: str = "results", rounds: i
 
 def format_table(rows: list[dict]) -> str:
     """Per case, each variant's median and its speed relative to the default (> 1: faster)."""
-    lines = [f"{'case':<64} {'variant':<20} {'us':>10} {'vs default':>10}  check"]
+    lines = [f"{'case':<72} {'variant':<20} {'us':>10} {'vs default':>10}  check"]
     for r in rows:
         base = r["case_id"].rsplit("/variant=", 1)[0]
         if r["status"] != "ok":
-            lines.append(f"{base:<64} {r['variant']:<20} {'-':>10} {'-':>10}  {r['error']}")
+            lines.append(f"{base:<72} {r['variant']:<20} {'-':>10} {'-':>10}  {r['error']}")
             continue
         vs = r.get("vs_default")
-        lines.append(f"{base:<64} {r['variant']:<20} {r['median_us']:>10.2f} "
+        lines.append(f"{base:<72} {r['variant']:<20} {r['median_us']:>10.2f} "
                      f"{(f'{vs:.3f}' if vs else '-'):>10}  {r.get('check_rel_err', 0):.2g}")
     return "\n".join(lines)
 

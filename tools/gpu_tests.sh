@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
 # The Triton kernel tests on the GPU machine (real dims, CUDA graphs), within a time budget:
 #   source tools/device_env.sh; bash tools/gpu_tests.sh [SECONDS] [WORKERS] [TEST PATHS...]
-# (default paths: tests/kernels/replayssm/triton)
+# (default paths: tests/kernels/replayssm)
 # Writes $OUT/gpu_pytest.log (one line per test as it finishes) and $OUT/gpu_failures.log (each
 # failure's traceback as it happens, tests/conftest.py), both complete even when the budget cuts
-# the run off. WORKERS (default 3): xdist processes sharing the one GPU; 14 ran out of time
-# budget and three real-dims tests at batch 256-512 failed under that contention, and at 4 the
-# Qwen3.5-122B dual fp8 b512 real-dims test ran out of GPU memory (session 27: four processes
-# held 40-48 GiB each); 3 wide every test has passed.
+# the run off. WORKERS (default 3): xdist processes sharing the one GPU; more run the real-dims
+# tests at batch 256-512 out of GPU memory or time.
 set -u
 BUDGET=${1:-280}
 WORKERS=${2:-3}
 shift $(( $# < 2 ? $# : 2 ))
-PATHS=("$@"); [ ${#PATHS[@]} -eq 0 ] && PATHS=(tests/kernels/replayssm/triton)
+PATHS=("$@"); [ ${#PATHS[@]} -eq 0 ] && PATHS=(tests/kernels/replayssm)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export REPLAYBENCH_FAILLOG="$OUT/gpu_failures.log"
 : > "$REPLAYBENCH_FAILLOG"

@@ -54,8 +54,9 @@ class ReplaySpecLayer:
     cursors); a round is verify + commit."""
 
     def __init__(self, op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype, device,
-                 gen):
+                 gen, options=None):
         self.op, self.backend = op, backend
+        self.kw = {} if options is None else {"options": options}     # the family's options (tune)
         self.rs = Layer(op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype,
                         device, gen).rs
 
@@ -63,11 +64,11 @@ class ReplaySpecLayer:
         self.rs.counter = counter
         try:
             if self.op == "mamba2":
-                y = M.verify(self.rs, **inp, **params, state_indices=idx, backend=self.backend, out=out)
-                M.commit(self.rs, params["A"], accepted, state_indices=idx, backend=self.backend)
+                y = M.verify(self.rs, **inp, **params, state_indices=idx, backend=self.backend, out=out, **self.kw)
+                M.commit(self.rs, params["A"], accepted, state_indices=idx, backend=self.backend, **self.kw)
             else:
-                y = G.verify(self.rs, **inp, state_indices=idx, backend=self.backend, out=out)
-                G.commit(self.rs, accepted, state_indices=idx, backend=self.backend)
+                y = G.verify(self.rs, **inp, state_indices=idx, backend=self.backend, out=out, **self.kw)
+                G.commit(self.rs, accepted, state_indices=idx, backend=self.backend, **self.kw)
         finally:
             self.rs.counter = None
         return y
@@ -101,12 +102,13 @@ class PerdraftSpecLayer:
 class _Spec:
     """Layers of one case plus the per-round driver shared by the check, the byte count and the timing."""
 
-    def __init__(self, case, model, backend, batch, device, nl, gen):
+    def __init__(self, case, model, backend, batch, device, nl, gen, options=None):
         self.method, self.T, self.device = case.method, case.spec_window, device
         op, dims = model.op, model.ssm
         if case.method in REPLAY_METHODS:
             self.layers = [ReplaySpecLayer(op, dims, case.method, backend, batch, case.buffer_len, case.flush_period,
-                                           case.state_dtype, case.lo_dtype, device, gen) for _ in range(nl)]
+                                           case.state_dtype, case.lo_dtype, device, gen, options)
+                           for _ in range(nl)]
         else:
             self.layers = [PerdraftSpecLayer(op, dims, backend, batch, self.T, case.state_dtype, device, gen)
                            for _ in range(nl)]
@@ -132,14 +134,15 @@ class _Spec:
         return y
 
 
-def check_spec(case, model, device, rounds: int | None = None) -> float:
+def check_spec(case, model, device, rounds: int | None = None, options=None) -> float:
     """Max relative output error of the case's backend vs the reference over `rounds` rounds
     (default: enough that every sequence's cursor crosses K once; twice on a GPU), same
     initial state and inputs, uniformly random accepts 0..T per sequence, a padded row."""
     b = min(case.batch, 8)
     T, K = case.spec_window, max(case.flush_period, 1)
     gen = torch.Generator().manual_seed(case.seed + 1)
-    mk = lambda backend: _Spec(case, model, backend, b, device, 1, torch.Generator().manual_seed(case.seed + 7))  # noqa: E731
+    mk = lambda backend: _Spec(case, model, backend, b, device, 1, torch.Generator().manual_seed(case.seed + 7),  # noqa: E731
+                               options if backend != "reference" else None)
     ours, ref = mk(case.backend), mk("reference")
     ours.pad_last()
     ref.pad_last()
@@ -169,7 +172,7 @@ def _request_bytes(case, model) -> tuple[float, float]:
     return st_b, buf_b
 
 
-def workload(case, model, device: str, accept):
+def workload(case, model, device: str, accept, options=None):
     """The timed work of a speculative case: (sample, rounds, layers, accepted [rounds, b] as
     drawn, count_bytes). sample() runs `rounds` verify + commit rounds (at least one flush
     period) over `layers` independent layer states, enough that all their state together is
@@ -180,7 +183,7 @@ def workload(case, model, device: str, accept):
     st_b, buf_b = _request_bytes(case, model)
     nl = layers_for(B * (st_b + buf_b), device)
     gen = torch.Generator().manual_seed(case.seed)
-    spec = _Spec(case, model, case.backend, B, device, nl, gen)
+    spec = _Spec(case, model, case.backend, B, device, nl, gen, options)
     inp, params = spec_inputs(model.op, model.ssm, B, T, device, gen)
     out = torch.empty_like(inp["x"] if model.op == "mamba2" else inp["v"])
     rounds = max(case.flush_period, MIN_ROUNDS if str(device).startswith("cuda") else 2)
