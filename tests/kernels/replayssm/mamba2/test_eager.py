@@ -10,7 +10,7 @@ from replayssm import reference as R
 from replayssm.state import ByteCounter, dtype_of
 
 from kernel_checks import DEV, TOL_F32, gen, out_tol, poisoned, rel_err
-from m2_helpers import DEVICES, IDX4, MODEL_DIMS, TINY, ULP, cuda_only, graph_of, params, step_inputs
+from .m2_helpers import DEVICES, IDX4, MODEL_DIMS, TINY, ULP, cuda_only, graph_of, params, step_inputs
 
 
 @pytest.mark.parametrize("device", DEVICES)

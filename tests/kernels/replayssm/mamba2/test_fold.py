@@ -11,7 +11,7 @@ from replayssm.mamba2.fold import plan_commit
 from replayssm.state import Mamba2ReplayState
 
 from kernel_checks import gen, out_tol, poisoned, rel_err
-from m2_helpers import BUFFERED, DEVICES, TINY, low_precision, make_pair, params, resync, state_check, step_inputs
+from .m2_helpers import BUFFERED, DEVICES, TINY, low_precision, make_pair, params, resync, state_check, step_inputs
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -16,7 +16,7 @@ from replayssm.mamba2.table import replay_params
 from replayssm.state import ByteCounter
 
 from kernel_checks import DEV, TOL_F32, gen, rel_err
-from m2_helpers import BUFFERED, DEVICES, IDX4, MODEL_DIMS, TINY, cuda_only, graph_of, low_precision, make_pair, \
+from .m2_helpers import BUFFERED, DEVICES, IDX4, MODEL_DIMS, TINY, cuda_only, graph_of, low_precision, make_pair, \
     params, resync, run_steps, state_check, step_inputs
 
 REPLAY_CASES = [

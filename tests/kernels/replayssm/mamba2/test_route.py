@@ -16,7 +16,7 @@ from replayssm.state import ByteCounter
 
 from kernel_checks import DEV, TOL_F32, check_epoch_wrap, check_route_words, gen, out_tol, poisoned, random_rows, \
     rel_err
-from m2_helpers import BUFFERED, DEVICES, IDX4, MODEL_DIMS, TINY, ckpt_check, cuda_only, graph_of, make_pair, \
+from .m2_helpers import BUFFERED, DEVICES, IDX4, MODEL_DIMS, TINY, ckpt_check, cuda_only, graph_of, make_pair, \
     params, resync, state_check, step_inputs
 
 SHAPE = I.Mamba2Shape(nheads=4, head_dim=12, d_state=16, n_groups=2)

@@ -13,7 +13,7 @@ from replayssm.mamba2.options import Mamba2Options
 from replayssm.mamba2.table import TABLE, replay_params, tile_params
 
 from kernel_checks import TOL_F32, gen, out_tol, poisoned, rel_err
-from m2_helpers import BUFFERED, make_pair, params, run_steps, verify_commit_cycles
+from .m2_helpers import BUFFERED, make_pair, params, run_steps, verify_commit_cycles
 
 BATCHES = [1, 2, 3, 4, 5, 8, 16, 17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 DIMS = [(64, 128), (80, 96), (64, 256), (64, 64), (12, 4), (5, 4)]      # (head dim, heads)

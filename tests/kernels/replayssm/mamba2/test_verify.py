@@ -14,7 +14,7 @@ from replayssm.mamba2.spec import plan_verify, state_precision
 from replayssm.state import Mamba2ReplayState
 
 from kernel_checks import DEV, gen, out_tol
-from m2_helpers import BUFFERED, DEVICES, MODEL_DIMS, TINY, cuda_only, graph_of, make_pair, params, resync, \
+from .m2_helpers import BUFFERED, DEVICES, MODEL_DIMS, TINY, cuda_only, graph_of, make_pair, params, resync, \
     state_check, step_inputs, verify_commit_cycles
 
 SPEC_CASES = [
