@@ -157,9 +157,13 @@ def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     assert deferred.parts["buffer_write"] == pytest.approx(8 * lb.row / 2)
     assert T.step_traffic(case("replay", 32), model).total_bytes == pytest.approx(
         T.replay_traffic(lb, 32, 16).total_bytes)
-    monkeypatch.setattr(G, "SMALL_BATCH_ROUTE", False)       # routing off: every step buffers
-    assert T.step_traffic(case("replay", 1), model).total_bytes == pytest.approx(
-        T.replay_traffic(lb, 1, 16).total_bytes)
+    # routing off (the library's options; the suite runs the shipped defaults): every step buffers
+    from replayssm.gdn import route_period
+    from replayssm.gdn.options import GDNOptions
+    assert route_period(batch=1, heads=model.ssm.num_v_heads, head_dim=model.ssm.head_v_dim,
+                        key_dim=model.ssm.head_k_dim, buffer_len=16, read_bytes=4, flush_period=16,
+                        options=GDNOptions(small_batch_route=False)) == 0
+    assert T.replay_traffic(lb, 1, 16, routed=0).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)
 
 
 def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
