@@ -80,7 +80,9 @@ class DecodeLayer:
     ``ssm_inputs``, ``ssm_only``, ``finish`` and the per-sequence activation bytes.
 
     ``weights_from``: another layer of the same class and dims whose parameters this one
-    shares instead of drawing its own (extra SSM-state copies for timing the SSM op alone)."""
+    shares instead of drawing its own (extra SSM-state copies for timing the SSM op alone).
+    ``options``: the family's options (replayssm.mamba2.Mamba2Options / replayssm.gdn.GDNOptions)
+    handed to the ops on the Triton backend (None: the shipped defaults)."""
 
     op = ""
     WEIGHTS: tuple[str, ...] = ()
@@ -88,8 +90,10 @@ class DecodeLayer:
     def __init__(self, hidden: int, dims, method: str = "eager", backend: str = "reference", batch: int = 1,
                  buffer_len: int = 16, flush_period: int | None = None, state_dtype="float32", lo_dtype=None,
                  device="cpu", *, dtype=torch.bfloat16, seed: int = 0, slots: int | None = None,
-                 conv_kernel: int | None = None, eps: float | None = None, weights_from: "DecodeLayer | None" = None):
+                 conv_kernel: int | None = None, eps: float | None = None, weights_from: "DecodeLayer | None" = None,
+                 options=None):
         check_backend(backend)
+        self.options = options
         self.hidden, self.dims, self.method, self.backend = hidden, dims, method, backend
         self.mode = method_mode(method)
         self.batch = batch
@@ -372,7 +376,7 @@ class Mamba2DecodeLayer(DecodeLayer):
         R.mamba2_flush(self.rs, self.A)
 
     def _ops_flush(self):
-        self._ops.flush(self.rs, self.A, backend=self.backend)
+        self._ops.flush(self.rs, self.A, backend=self.backend, options=self.options)
 
     def _fill_buffer_gates(self, g):
         self.rs.dt.copy_(0.01 + 0.2 * torch.rand(self.rs.dt.shape, generator=g, device=self.device))
@@ -399,8 +403,8 @@ class Mamba2DecodeLayer(DecodeLayer):
                 return R.mamba2_eager_step(self.state, **args)
             return R.mamba2_replay_step(self.rs, **args)
         if self.rs is None:
-            return self._ops.eager_step(self.state, **args, backend=self.backend)
-        return self._ops.replay_step(self.rs, **args, backend=self.backend)
+            return self._ops.eager_step(self.state, **args, backend=self.backend, options=self.options)
+        return self._ops.replay_step(self.rs, **args, backend=self.backend, options=self.options)
 
     def finish(self, y, inp, state_indices=None):
         b = y.shape[0]
@@ -466,7 +470,7 @@ class GDNDecodeLayer(DecodeLayer):
         R.gdn_flush(self.rs)
 
     def _ops_flush(self):
-        self._ops.flush(self.rs, backend=self.backend)
+        self._ops.flush(self.rs, backend=self.backend, options=self.options)
 
     def _fill_buffer_gates(self, g):
         uni = lambda t: torch.rand(t.shape, generator=g, device=self.device)  # noqa: E731
@@ -497,8 +501,8 @@ class GDNDecodeLayer(DecodeLayer):
                 return R.gdn_eager_step(self.state, **args)
             return R.gdn_replay_step(self.rs, **args)
         if self.rs is None:
-            return self._ops.eager_step(self.state, **args, backend=self.backend)
-        return self._ops.replay_step(self.rs, **args, backend=self.backend)
+            return self._ops.eager_step(self.state, **args, backend=self.backend, options=self.options)
+        return self._ops.replay_step(self.rs, **args, backend=self.backend, options=self.options)
 
     def finish(self, o, inp, state_indices=None):
         b = o.shape[0]

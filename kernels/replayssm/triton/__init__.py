@@ -1,1 +1,3 @@
-"""Triton kernels behind the public ops (replayssm.mamba2, replayssm.gdn)."""
+"""Transitional: the old module paths (replayssm.triton.mamba2 / .gdn) that the suite's traffic
+model and its tests still import. The kernels live in replayssm.mamba2 and replayssm.gdn; this
+package goes once nothing imports it."""

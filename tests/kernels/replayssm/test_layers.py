@@ -180,18 +180,18 @@ def test_weights_from_shares_parameters_not_state():
 
 @pytest.mark.shipped_routes
 @pytest.mark.parametrize("family", FAMILIES)
-def test_triton_dual_layer_across_batch_sizes_tracks_eager(family, monkeypatch):
+def test_triton_dual_layer_across_batch_sizes_tracks_eager(family):
     """A served dual layer (Triton, the shipped routes) whose batch size changes step by step:
     batch 1-2 take the small-batch route (high copy only, the low copy marked stale), batch 4
     buffers and flushes the stale rows first (GDN's route limit lowered to 8 value-head states,
     so the tiny dims buffer at batch 4 as the real ones do at larger batches). Outputs stay
     within the low copy's rounding of an fp32 eager layer with the same weights, and the high
     checkpoint stays the eager state."""
-    from replayssm.triton import gdn as TK
-    monkeypatch.setattr(TK, "DUAL_ROUTE_HEADS", 2 * DIMS["gdn"].num_v_heads)
+    from replayssm.gdn import GDNOptions
     kw = dict(batch=4, slots=6, buffer_len=6, state_dtype="float32", dtype=torch.float32, seed=8)
     eager = make(family, "eager", **kw)
-    dual = make(family, "replay-dual", backend="triton", lo_dtype="bfloat16", weights_from=eager, **kw)
+    opts = GDNOptions(dual_route_heads=2 * DIMS["gdn"].num_v_heads) if family == "gdn" else None
+    dual = make(family, "replay-dual", backend="triton", lo_dtype="bfloat16", weights_from=eager, options=opts, **kw)
     for layer in (eager, dual):
         layer.randomize_state(9)
     gen = torch.Generator().manual_seed(13)
