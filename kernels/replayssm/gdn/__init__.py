@@ -27,9 +27,10 @@ import importlib
 
 import torch
 
-from .. import reference as ref
+from .. import accounting as acc
 from ..common.backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
 from ..state import ByteCounter, GDNReplayState
+from . import reference as ref
 from .options import GDNOptions
 
 __all__ = ["eager_step", "replay_step", "flush", "verify", "commit", "route_period", "GDNOptions"]
@@ -50,7 +51,7 @@ def route_period(*, batch: int, heads: int, head_dim: int, read_bytes: int, flus
 
 
 def _live(state_indices, batch, device):
-    rows, slots = ref.live_rows(state_indices, batch, device)
+    rows, slots = acc.live_rows(state_indices, batch, device)
     return rows, slots
 
 
@@ -62,13 +63,8 @@ def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, scale=
         return into(out, ref.gdn_eager_step(state, q, k, v, g, beta, state_indices, scale, counter))
     o = _kernels().eager_step(state, q, k, v, g, beta, state_indices, scale, out, options)
     if counter is not None:
-        n = len(_live(state_indices, v.shape[0], v.device)[0])
-        sb = state[0].numel() * state.element_size()
-        counter.ckpt_read += n * sb
-        counter.ckpt_write += n * sb
-        counter.io_read += n * ref._gdn_io_bytes(q, k, v, g, beta)
-        counter.io_write += n * v[0].numel() * v.element_size()
-        counter.steps += 1
+        acc.count_eager(counter, state, len(_live(state_indices, v.shape[0], v.device)[0]),
+                        acc.gdn_io_bytes(q, k, v, g, beta), v[0].numel() * v.element_size())
     return o
 
 
@@ -91,10 +87,7 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backend: str
     if backend == "reference":
         return ref.gdn_flush(rs, slots)
     if rs.counter is not None:
-        s = ref._flush_slots(rs, slots)
-        n = rs.entries(s)
-        rs.count(ckpt_read=len(s) * rs.hi.bytes_per_slot(), buf_read=int(n.sum()) * rs.buffer_row_bytes(),
-                 ckpt_write=len(s) * rs.state_bytes_per_slot())
+        acc.count_fold(rs, rs.entries(acc.flush_slots(rs, slots)))
     if slots is not None:
         slots = slots.to(device=rs.cursor.device, dtype=torch.int32)
     _kernels().flush(rs, slots, options)
@@ -110,10 +103,10 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
     if rs.counter is not None:
         rows, slots = _live(state_indices, v.shape[0], v.device)
         n = rs.entries(slots)
-        ref.count_refresh(rs, int(rs.lo_stale(slots).sum()))
+        acc.count_refresh(rs, int(rs.lo_stale(slots).sum()))
         rb = rs.buffer_row_bytes()
         rs.count(ckpt_read=len(rows) * rs.read_ckpt.bytes_per_slot(), buf_read=int(n.sum()) * rb,
-                 buf_write=len(rows) * v.shape[1] * rb, io_read=len(rows) * ref._gdn_io_bytes(q, k, v, g, beta),
+                 buf_write=len(rows) * v.shape[1] * rb, io_read=len(rows) * acc.gdn_io_bytes(q, k, v, g, beta),
                  io_write=len(rows) * v[0].numel() * v.element_size())
     return _kernels().verify(rs, q, k, v, g, beta, state_indices, scale, out, options)
 
@@ -142,5 +135,5 @@ def _count_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, route: in
     if len(rows) == 0:
         return
     n = rs.entries(slots)
-    ref.count_step(rs, n, ref._flush_rows(rs, slots, n, route), route, ref._gdn_io_bytes(q, k, v, g, beta),
+    acc.count_step(rs, n, acc.flush_rows(rs, slots, n, route), route, acc.gdn_io_bytes(q, k, v, g, beta),
                    v[0].numel() * v.element_size())

@@ -31,9 +31,10 @@ import torch
 
 import importlib
 
-from .. import reference as ref
+from .. import accounting as acc
 from ..common.backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
 from ..state import ByteCounter
+from . import reference as ref
 from .options import PerdraftOptions
 
 __all__ = ["slot_table", "advance", "mamba2_verify", "gdn_verify", "PerdraftOptions"]
@@ -60,8 +61,8 @@ def advance(start: torch.Tensor, accepted: torch.Tensor, T: int) -> torch.Tensor
 
 def _count(counter, states, slot_table, start, io_read, io_write) -> None:
     """Host-side byte accounting, same as the reference's (syncs)."""
-    rows, _, dst = ref._perdraft_rows(slot_table, start)
-    ref._count_perdraft(counter, states, len(rows), int((dst >= 0).sum()), len(rows) * io_read,
+    rows, _, dst = acc.perdraft_rows(slot_table, start)
+    acc.count_perdraft(counter, states, len(rows), int((dst >= 0).sum()), len(rows) * io_read,
                         len(rows) * io_write)
 
 
@@ -73,7 +74,7 @@ def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None,
         return into(out, ref.mamba2_verify_perdraft(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z,
                                                      counter))
     if counter is not None:
-        _count(counter, states, slot_table, start, ref._mamba2_io_bytes(x, dt, B, C, z), x[0].numel() * x.element_size())
+        _count(counter, states, slot_table, start, acc.mamba2_io_bytes(x, dt, B, C, z), x[0].numel() * x.element_size())
     return _tk().verify_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z, out, options)
 
 
@@ -84,5 +85,5 @@ def gdn_verify(states, slot_table, start, q, k, v, g, beta, scale=None, *, backe
     if backend == "reference":
         return into(out, ref.gdn_verify_perdraft(states, slot_table, start, q, k, v, g, beta, scale, counter))
     if counter is not None:
-        _count(counter, states, slot_table, start, ref._gdn_io_bytes(q, k, v, g, beta), v[0].numel() * v.element_size())
+        _count(counter, states, slot_table, start, acc.gdn_io_bytes(q, k, v, g, beta), v[0].numel() * v.element_size())
     return _tk().verify_gdn(states, slot_table, start, q, k, v, g, beta, scale, out, options)
