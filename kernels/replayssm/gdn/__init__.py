@@ -1,7 +1,7 @@
 """Public Gated DeltaNet decode ops: eager baseline and ReplaySSM (replay, flush, verify, commit).
 
 Every op takes ``backend="triton"`` (default: the kernels of this package) or
-``backend="reference"`` (the exact PyTorch oracle in replayssm.reference); both have the
+``backend="reference"`` (the exact PyTorch oracle, reference.py here); both have the
 semantics documented in reference.py, with the same argument names and shapes:
 
     q, k [b, Hk, dk]; v [b, Hv, dv]; g [b, Hv] (log alpha); beta [b, Hv]
@@ -56,7 +56,7 @@ def _live(state_indices, batch, device):
 
 
 def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, scale=None,
-               counter: ByteCounter | None = None, *, backend: str = "triton", out=None, options=None):
+               counter: ByteCounter | None = None, backend: str = "triton", out=None, options=None):
     """One eager step: reads and writes state [S, Hv, dv, dk] in place. Returns o [b, Hv, dv]."""
     check_backend(backend)
     if backend == "reference":
@@ -68,7 +68,7 @@ def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, scale=
     return o
 
 
-def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, *,
+def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
                 backend: str = "triton", out=None, options=None):
     """One ReplaySSM step (output-only route; fused flush where cursor + 1 >= K; or, where the
     kernel table says so (small batches), the small-batch route on the high copy: a flush every
@@ -81,7 +81,7 @@ def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=
     return _kernels().replay_step(rs, q, k, v, g, beta, state_indices, scale, out, options)
 
 
-def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backend: str = "triton", options=None) -> None:
+def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, backend: str = "triton", options=None) -> None:
     """Fold every committed entry of `slots` (default: all slots; those with cursor 0 are left alone)."""
     check_backend(backend)
     if backend == "reference":
@@ -93,7 +93,7 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backend: str
     _kernels().flush(rs, slots, options)
 
 
-def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None, *,
+def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
            backend: str = "triton", out=None, options=None):
     """Outputs of T drafts from checkpoint + buffer, no per-draft state; drafts are written at
     cursor..cursor+T-1, the cursor does not move. Returns o [b, T, Hv, dv]."""
@@ -111,7 +111,7 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None,
     return _kernels().verify(rs, q, k, v, g, beta, state_indices, scale, out, options)
 
 
-def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, backend: str = "triton",
+def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, backend: str = "triton",
            options=None) -> None:
     """Accept `accepted[b]` drafts per row (a cursor move) and flush sequences whose cursor
     reached the flush period; on the triton backend the decision is made on the device."""
