@@ -230,22 +230,25 @@ def layer_bytes_for(op: str, dims, method: str, state_dtype: str, lo_dtype: str,
     raise ValueError(f"unknown op {op!r}; allowed: mamba2, gdn")
 
 
-def route_period(case, model) -> int:
+def route_period(case, model, options=None) -> int:
     """The period of the small-batch route the Triton replay step takes at this case's shape
-    (0: it buffers; the kernel library's tables decide: GDN's ROUTE_K, Mamba-2's route_k). The kernel
-    runner records it with each replay row (`route_period`)."""
+    (0: it buffers; k: the state written every k-th step), as the kernel library's launch table
+    decides (`options`: the family's options, None for what ships). The kernel runner records it
+    with each replay row (`route_period`)."""
     if getattr(case, "backend", "") != "triton":
         return 0
     precision = METHODS[case.method].precision
     read = DTYPE_BYTES[case.state_dtype if precision == "single" else case.lo_dtype]  # dual: the low copy
     dual = precision == "dual"
     if model.op == "gdn":
-        from replayssm.triton.gdn import route_period   # the kernel library's table (needs triton)
-        return route_period(case.batch, model.ssm.head_v_dim, model.ssm.head_k_dim, case.buffer_len, read,
-                            case.flush_period, dual=dual, heads=model.ssm.num_v_heads)
-    from replayssm.triton.mamba2 import route_period as m2_route_period
-    return m2_route_period(model.ssm.head_dim, read, case.batch, model.ssm.nheads, case.flush_period, dual,
-                           DTYPE_BYTES[case.state_dtype])
+        from replayssm.gdn import route_period as gdn_route_period   # the library's table (needs triton)
+        return gdn_route_period(batch=case.batch, heads=model.ssm.num_v_heads, head_dim=model.ssm.head_v_dim,
+                                key_dim=model.ssm.head_k_dim, buffer_len=case.buffer_len, read_bytes=read,
+                                flush_period=case.flush_period, dual=dual, options=options)
+    from replayssm.mamba2 import route_period as m2_route_period
+    return m2_route_period(batch=case.batch, heads=model.ssm.nheads, head_dim=model.ssm.head_dim, read_bytes=read,
+                           flush_period=case.flush_period, dual=dual, hi_bytes=DTYPE_BYTES[case.state_dtype],
+                           options=options)
 
 
 def step_traffic(case, model, act_bytes: int = 2, accepted=None) -> Traffic:

@@ -5,7 +5,6 @@ their kernel modules lazily; setting it here, before any test module is collecte
 """
 import os
 
-import pytest
 
 try:
     import torch
@@ -25,18 +24,3 @@ def pytest_runtest_logreport(report):
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"=== FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
-
-
-@pytest.fixture(autouse=True)
-def _buffered_route_in_kernel_tests(request, monkeypatch):
-    """Kernel tests (tests/kernels/) compare the kernels' state (checkpoints, buffers, cursors)
-    with the reference's, which buffers every step. The launch tables send small batches down
-    the eager route (a flush at every step: the same outputs, another state layout), so those
-    tests pin the buffered route unless marked `shipped_routes` (tests of the routing itself)."""
-    if "tests/kernels/" not in str(request.node.path).replace(os.sep, "/") or \
-            request.node.get_closest_marker("shipped_routes"):
-        yield
-        return
-    from replayssm.triton import mamba2    # GDN tests pass GDNOptions(small_batch_route=False) explicitly
-    monkeypatch.setattr(mamba2, "SMALL_BATCH_ROUTE", False)
-    yield

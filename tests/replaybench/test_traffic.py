@@ -117,11 +117,11 @@ def test_eager_model_matches_byte_accounting(family):
     assert cnt.total() == pytest.approx(T.eager_traffic(lb, 3).total_bytes)
 
 
-def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
+def test_gdn_eager_route_is_modelled_as_a_flush_every_step():
     # a replay step that the kernel table sends down the eager route moves eager's bytes: the
     # model follows the table (shipped: fp32 and 16-bit reads at batch <= 16, dual states while
-    # batch x value heads <= DUAL_ROUTE_HEADS), and only for triton GDN
-    from replayssm.triton import gdn as G
+    # batch x value heads <= the options' dual_route_heads), and only for triton GDN
+    from replayssm.gdn.options import GDNOptions
     from replaybench.models import get_model
     from replaybench.scenario import Case
     model = get_model("qwen3.5-122b-a10b")
@@ -142,7 +142,7 @@ def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     eager = T.eager_traffic(T.layer_bytes_for("gdn", model.ssm, "eager", "float32", "none"), 1)
     assert routed.parts["state_write"] == eager.parts["state_write"] == dual.state_hi
     assert routed.total_bytes == pytest.approx(eager.total_bytes)
-    b = G.DUAL_ROUTE_HEADS // model.ssm.num_v_heads
+    b = GDNOptions().dual_route_heads // model.ssm.num_v_heads
     assert T.step_traffic(case("replay-dual", b, lo="bfloat16"), model).total_bytes == pytest.approx(
         T.replay_traffic(dual, b, 16, routed=True).total_bytes)
     b += 1
@@ -166,8 +166,8 @@ def test_gdn_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     assert T.replay_traffic(lb, 1, 16, routed=0).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)
 
 
-def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
-    from replayssm.triton import mamba2 as M
+def test_mamba2_eager_route_is_modelled_as_a_flush_every_step():
+    from replayssm.mamba2.options import Mamba2Options
     from replaybench.models import get_model
     from replaybench.scenario import Case
     model = get_model("nemotron-3-super-120b-a12b")
@@ -182,7 +182,7 @@ def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 16).total_bytes)
     # dual states route where Super's fp32 states do (batch <= 2), moving fp32 eager's bytes
     dual_lb = T.layer_bytes_for("mamba2", model.ssm, "replay-dual", "float32", "bfloat16")
-    for b in (1, 2, 3, M.ROUTE_BATCH[4] + 1):
+    for b in (1, 2, 3, 5):
         dual = Case("c", "kernel", model.name, "mamba2", "replay-dual", "triton", b, 16, 16, 0, "float32", "bfloat16")
         routed = b <= 2
         assert T.step_traffic(dual, model).total_bytes == pytest.approx(
@@ -195,15 +195,11 @@ def test_mamba2_eager_route_is_modelled_as_a_flush_every_step(monkeypatch):
     for b, period in ((1, 2), (4, 2), (5, 0)):
         c = Case("c", "kernel", nano.name, "mamba2", "replay", "triton", b, 16, 16, 0, "float32", "none")
         assert T.step_traffic(c, nano).total_bytes == pytest.approx(T.replay_traffic(nano_lb, b, 16, period).total_bytes)
-    monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager"))      # an override routes any batch
-    assert T.step_traffic(case(256), model).total_bytes == pytest.approx(T.replay_traffic(lb, 256, 1).total_bytes)
+    routed = Mamba2Options().override("replay", route="eager")       # an override routes any batch
+    assert T.route_period(case(256), model, routed) == 1
     # the deferred route (route_k): the high copy read every step, written every k-th (at most K)
     for k, period in ((2, 2), (4, 4), (40, 16)):
-        monkeypatch.setitem(M.OVERRIDE, "replay", dict(route="eager", route_k=k))
-        assert T.route_period(case(2), model) == period
-        got = T.step_traffic(case(2), model)
-        assert got.total_bytes == pytest.approx(T.replay_traffic(lb, 2, 16, routed=period).total_bytes)
+        assert T.route_period(case(2), model, Mamba2Options().override("replay", route="eager", route_k=k)) == period
+        got = T.replay_traffic(lb, 2, 16, routed=period)
         assert got.parts["state_write"] == pytest.approx(2 * lb.state_hi / period)
-    monkeypatch.setitem(M.OVERRIDE, "replay", {})
-    monkeypatch.setattr(M, "SMALL_BATCH_ROUTE", False)       # routing off: every step buffers
-    assert T.step_traffic(case(1), model).total_bytes == pytest.approx(T.replay_traffic(lb, 1, 16).total_bytes)
+    assert T.route_period(case(1), model, Mamba2Options(small_batch_route=False)) == 0   # routing off: it buffers
