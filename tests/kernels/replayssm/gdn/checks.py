@@ -36,8 +36,10 @@ _OP = {"eager_step": "eager", "replay_step": "replay", "verify": "verify", "comm
 
 
 def opts(op: str | None = None, config: dict | None = None, route: bool = False, **kw) -> GDNOptions:
-    """GDNOptions for a test: small-batch routing off unless `route`, `config` as op's override."""
+    """GDNOptions for a test: small-batch routing off unless `route`, `config` as op's override
+    (one config serves a test's several ops: each takes the keys it knows)."""
     o = GDNOptions(small_batch_route=route, **kw)
+    config = {k: v for k, v in (config or {}).items() if k in GDNOptions.TUNABLE.get(op, ())}
     return o.override(op, **config) if config else o
 
 
