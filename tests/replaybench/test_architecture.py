@@ -160,13 +160,7 @@ def _private_reaches(mod: str) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("pkg", [
-    "replaybench",
-    # the library's byte counting (reference._*_io_bytes, _flush_rows, ...) is becoming a public
-    # accounting module (replayssm.accounting); drop this mark when that lands
-    pytest.param("replayssm", marks=pytest.mark.xfail(reason="replayssm ops call reference's private "
-                                                             "byte-counting helpers", strict=False)),
-])
+@pytest.mark.parametrize("pkg", ["replaybench", "replayssm"])
 def test_no_private_names_across_modules(pkg):
     bad = [b for m in sorted(MODULES) if m.split(".")[0] == pkg for b in _private_reaches(m)]
     assert not bad, "private names reached across modules:\n" + "\n".join(bad)

@@ -178,7 +178,6 @@ def test_weights_from_shares_parameters_not_state():
         make("mamba2", "eager", weights_from=a)
 
 
-@pytest.mark.shipped_routes
 @pytest.mark.parametrize("family", FAMILIES)
 def test_triton_dual_layer_across_batch_sizes_tracks_eager(family):
     """A served dual layer (Triton, the shipped routes) whose batch size changes step by step:

@@ -132,7 +132,6 @@ def test_cuda_graph_replay_steps(mode, lo, batch):
 
 
 @cuda_only
-@pytest.mark.shipped_routes
 def test_cuda_graph_dual_route_and_buffered_steps():
     """A dual bf16 state at Qwen3.5-4B's dims driven by two captured steps over overlapping
     slots: the shipped eager route at batch 2 (high copy only, low copy marked stale) and the

@@ -61,7 +61,6 @@ def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd):
     assert stale_flushed >= 3 or mode != "dual", f"only {stale_flushed} stale low copies refreshed"
 
 
-@pytest.mark.shipped_routes
 @pytest.mark.parametrize("batch", [1, 5])
 def test_small_batches_take_the_tables_route_by_default(batch):
     # the shipped table at small batch: outputs, checkpoints, cursor counts and bytes as the

@@ -158,7 +158,6 @@ def test_deferred_route_config_errors():
         replay_params(head_dim=12, read_bytes=4, batch=1, heads=4, options=routed(2, 2))
 
 
-@pytest.mark.shipped_routes
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode,lo", [("replay", None), ("dual", "bfloat16")])
 @pytest.mark.parametrize("batch", [1, 4])
@@ -244,7 +243,6 @@ def test_dual_route_low_copy_refreshed_where_needed(device, lo):
 
 
 @cuda_only
-@pytest.mark.shipped_routes
 def test_cuda_graph_dual_route_and_buffered_steps():
     """A dual bf16 state at Nano's dims driven by two captured steps over overlapping slots: the
     shipped route at batch 2 (high copy only, low copy marked stale) and the buffered step at
