@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .methods import EAGER, METHODS, PEER_EAGER, names
+from .generated_block import replace_block, write_or_check
 from .models import STUDY_MODELS, get_model
 
 RUN = "h200-kernels-fp32-20261203-nvidia-h200"
@@ -64,10 +65,7 @@ def table(run: str = RUN, results_dir: str | Path = "results", batch: int = BATC
 
 def render(text: str, block: str, path: str = "README.md") -> str:
     """`text` with the block between the headline markers replaced by `block`."""
-    i, j = text.find(START), text.find(END)
-    if i < 0 or j < i:
-        raise ValueError(f"{path}: no headline markers ({START} ... {END})")
-    return text[:i] + START + "\n" + block + text[j:]
+    return replace_block(text, START, END, block, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,23 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if not path:
         sys.stdout.write(block)
         return 0
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-        new = render(text, block, path)
-    except (OSError, ValueError) as e:
-        print(f"replaybench.headline: {e}", file=sys.stderr)
-        return 2
-    if args.check:
-        if new != text:
-            print(f"{path}: headline table is stale; run python -m replaybench.headline --write {path}",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        p.write_text(new, encoding="utf-8")
-    return 0
-
+    return write_or_check(path, START, END, block, "replaybench.headline", check=bool(args.check))
 
 if __name__ == "__main__":
     sys.exit(main())

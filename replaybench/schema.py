@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+
+from .generated_block import replace_block, write_or_check
 
 DTYPES = ("str", "int", "float", "bool")
 OWNERS = ("sweep", "derived", "timing", "runner")
@@ -157,10 +158,7 @@ def markdown_table() -> str:
 
 def render(text: str, path: str = "docs/CONTRACTS.md") -> str:
     """`text` with the block between the markers replaced by the current table."""
-    i, j = text.find(START), text.find(END)
-    if i < 0 or j < i:
-        raise ValueError(f"{path}: no column-table markers ({START!r} ... {END!r})")
-    return text[:i] + START + "\n" + markdown_table() + text[j:]
+    return replace_block(text, START, END, markdown_table(), path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,23 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if not path:
         sys.stdout.write(markdown_table())
         return 0
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-        new = render(text, path)
-    except (OSError, ValueError) as e:
-        print(f"replaybench.schema: {e}", file=sys.stderr)
-        return 2
-    if args.check:
-        if new != text:
-            print(f"{path}: column table is stale; run python -m replaybench.schema --write {path}",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        p.write_text(new, encoding="utf-8")
-    return 0
-
+    return write_or_check(path, START, END, markdown_table(), "replaybench.schema", check=bool(args.check))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,7 +12,7 @@ def test_readme_headline_block_matches_the_generator():
     readme = ROOT / "README.md"
     text = readme.read_text(encoding="utf-8")
     if headline.START not in text or headline.END not in text:
-        pytest.skip("README.md has no headline markers (<!-- headline:start --> ... <!-- headline:end -->)")
+        pytest.skip("README.md has no generated-block markers (<!-- headline:start --> ... <!-- headline:end -->)")
     if not (ROOT / "results" / headline.RUN).exists():
         pytest.skip(f"the baseline run results/{headline.RUN} is not in this checkout")
     new = headline.render(text, headline.table(results_dir=ROOT / "results"))
@@ -30,7 +30,7 @@ def test_table_has_a_row_per_study_model_and_the_ratios():
 def test_names_and_markers():
     assert headline.display_name("nemotron-3-super-120b-a12b") == "Nemotron-3-Super-120B-A12B"
     assert headline.display_name("qwen3.5-4b") == "Qwen3.5-4B"
-    with pytest.raises(ValueError, match="no headline markers"):
+    with pytest.raises(ValueError, match="no generated-block markers"):
         headline.render("no markers", "x")
     assert headline.render(f"a\n{headline.START}\nold\n{headline.END}\nb", "new\n") == \
         f"a\n{headline.START}\nnew\n{headline.END}\nb"

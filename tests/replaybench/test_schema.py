@@ -47,7 +47,7 @@ def test_check_mode_reports_a_stale_file(tmp_path, capsys):
     assert f.read_text(encoding="utf-8").startswith("x\n") and f.read_text(encoding="utf-8").endswith("y\n")
     (tmp_path / "none.md").write_text("no markers", encoding="utf-8")
     assert main(["--check", str(tmp_path / "none.md")]) == 2
-    assert "no column-table markers" in capsys.readouterr().err
+    assert "no generated-block markers" in capsys.readouterr().err
 
 
 def test_every_timing_column_is_in_the_schema():
