@@ -15,8 +15,8 @@ def test_check_passes_on_every_route(model, method, lo, batch):
     # across steps (a Mamba-2 buffer decays its entries with the A it is given) and, in GDN's
     # dual mode, the random buffered u agree with the v, beta a flush recomputes them from
     m = get_model(model)
-    c = Case("c", "kernel", m.name, m.op, method, "triton", batch, 16, 16, 0, "float32", lo)
-    assert check_against_reference(c, m, "cpu", steps=18) < (1e-4 if lo == "none" else 1e-2)
+    c = Case("c", "kernel", m.name, m.op, method, "triton", batch, 8, 8, 0, "float32", lo)
+    assert check_against_reference(c, m, "cpu", steps=10) < (1e-4 if lo == "none" else 1e-2)   # crosses a flush
 
 
 @pytest.mark.parametrize("method", ["eager", "replay"])
