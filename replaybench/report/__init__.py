@@ -253,7 +253,7 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     banner = CPU_BANNER.format(name=dev_name) if cpu else None
     sp_cols = ["model", "method", "backend", "batch", "buffer_len", "flush_period", "spec_window",
                "state_dtype", "lo_dtype", "eager_us", "median_us", "speedup"]
-    if len(sp) and (sp["route"] != "").any():   # runs since session 30 record the replay step's route
+    if len(sp) and (sp["route"] != "").any():   # rows that record the replay step's route
         sp_cols.append("route")
     title = f"replaybench report: {run_id}" + (" [CPU run]" if cpu else "")
 
