@@ -67,6 +67,23 @@ class _ReplayLayer:
             self.replay_fields = replay_fields(self.FAMILY, self.replay, base_s, base_d, vc.model_config.dtype)
             self.replay_shapes, self.replay_dtypes = extend(base_s, base_d, self.replay_fields)
 
+    # The mixin stands first in the layer classes' bases, so super() is vLLM's layer class: its
+    # own shapes and dtypes, which the replay layout extends.
+    def _vllm_shapes(self):
+        return super().get_state_shape()
+
+    def _vllm_dtypes(self):
+        return super().get_state_dtype()
+
+    def get_state_shape(self):
+        return self._vllm_shapes() if self.replay is None else self.replay_shapes
+
+    def get_state_dtype(self):
+        return self._vllm_dtypes() if self.replay is None else self.replay_dtypes
+
+    def get_kv_cache_spec(self, vllm_config):
+        return self._spec(super().get_kv_cache_spec(vllm_config))
+
     def replay_state(self):
         """(state, pending) views over the bound kv_cache (rebuilt when vLLM rebinds it)."""
         key = tuple(t.data_ptr() for t in self.kv_cache)
@@ -100,21 +117,6 @@ class ReplayMambaMixer2(_ReplayLayer, MambaMixer2):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._replay_init()
-
-    def _vllm_shapes(self):
-        return MambaMixer2.get_state_shape(self)
-
-    def _vllm_dtypes(self):
-        return MambaMixer2.get_state_dtype(self)
-
-    def get_state_shape(self):
-        return self._vllm_shapes() if self.replay is None else self.replay_shapes
-
-    def get_state_dtype(self):
-        return self._vllm_dtypes() if self.replay is None else self.replay_dtypes
-
-    def get_kv_cache_spec(self, vllm_config):
-        return self._spec(super().get_kv_cache_spec(vllm_config))
 
     def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor):
         raw = get_forward_context().attn_metadata
@@ -153,21 +155,6 @@ class ReplayQwenGatedDeltaNetAttention(_ReplayLayer, QwenGatedDeltaNetAttention)
         if self.replay is not None:
             # every decode through fused_sigmoid_gating_delta_rule_update (the routed call)
             self.enable_packed_recurrent_decode = False
-
-    def _vllm_shapes(self):
-        return QwenGatedDeltaNetAttention.get_state_shape(self)
-
-    def _vllm_dtypes(self):
-        return QwenGatedDeltaNetAttention.get_state_dtype(self)
-
-    def get_state_shape(self):
-        return self._vllm_shapes() if self.replay is None else self.replay_shapes
-
-    def get_state_dtype(self):
-        return self._vllm_dtypes() if self.replay is None else self.replay_dtypes
-
-    def get_kv_cache_spec(self, vllm_config):
-        return self._spec(super().get_kv_cache_spec(vllm_config))
 
     def _forward_core(self, mixed_qkv, b, a, core_attn_out):
         raw = get_forward_context().attn_metadata
