@@ -175,14 +175,7 @@ def _worker(device: str, kernels: str) -> int:
         n = int(msg["n"])
         run = st["run"]
         if device.startswith("cuda"):
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-            ev[0].record()
-            for i in range(n):
-                run()
-                ev[i + 1].record()
-            torch.cuda.synchronize()
-            return {"ok": True, "samples": [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(n)],
-                    "state": st["nvml"].read()}
+            return {"ok": True, "samples": timing.event_batch(run, n), "state": st["nvml"].read()}
         out = []
         for _ in range(n):
             t0 = time.perf_counter()

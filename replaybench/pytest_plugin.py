@@ -60,7 +60,7 @@ class GpuBenchmark:
         import torch
 
         from .scenario import TimingConfig
-        from .timing import NvmlProbe, SampleBatches, capture, stop_rule, warm_up
+        from .timing import NvmlProbe, SampleBatches, capture, event_batch, stop_rule, warm_up
         bm = self.benchmark
         if per < 1 or batch < 1:
             raise ValueError(f"gpu_benchmark: per and batch must be >= 1 (per={per}, batch={batch})")
@@ -107,13 +107,7 @@ class GpuBenchmark:
                 torch.cuda.synchronize()
                 xs = [start[i].elapsed_time(end[i]) * 1e3 for i in range(batch)]
             else:                    # back-to-back events, as replaybench.timing
-                ev = [torch.cuda.Event(enable_timing=True) for _ in range(batch + 1)]
-                ev[0].record()
-                for i in range(batch):
-                    run()
-                    ev[i + 1].record()
-                torch.cuda.synchronize()
-                xs = [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(batch)]
+                xs = event_batch(run, batch)
             acc.add(xs, nvml.read())
         t = acc.summary(per)
         self.timing = t

@@ -216,14 +216,20 @@ def time_cuda_graph(fn: Callable[[], None], cfg, per: int = 1, batch: int = 10, 
     acc = _Batches()
     started = time.perf_counter()
     while not _stop(acc.samples, cfg, started):
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(batch + 1)]
-        ev[0].record()
-        for i in range(batch):
-            run()
-            ev[i + 1].record()
-        torch.cuda.synchronize()
-        acc.add([ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(batch)], nvml.read())
+        acc.add(event_batch(run, batch), nvml.read())
     return acc.summary(per)
+
+
+def event_batch(run: Callable[[], None], n: int) -> list[float]:
+    """`n` calls of `run` back to back on the current stream, each timed between two CUDA events
+    (one event between consecutive calls, so no gap is added): their times in us."""
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    ev[0].record()
+    for i in range(n):
+        run()
+        ev[i + 1].record()
+    torch.cuda.synchronize()
+    return [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(n)]
 
 
 def measure(fn: Callable[[], None], device: str, cfg, per: int = 1) -> Timing:
