@@ -4,11 +4,13 @@
 # (default paths: tests/kernels/replayssm)
 # Writes $OUT/gpu_pytest.log (one line per test as it finishes) and $OUT/gpu_failures.log (each
 # failure's traceback as it happens, tests/conftest.py), both complete even when the budget cuts
-# the run off. WORKERS (default 3): xdist processes sharing the one GPU; more run the real-dims
-# tests at batch 256-512 out of GPU memory or time.
+# the run off. WORKERS: xdist processes sharing the one GPU; more run the real-dims tests at
+# batch 256-512 out of GPU memory or time.
 set -u
 BUDGET=${1:-280}
-WORKERS=${2:-3}
+# default workers: 3 on a 141 GB H200, 2 on an 80 GB H100 (the batch-512 real-dims tests need ~25 GB each)
+MEM_MB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+WORKERS=${2:-$(( ${MEM_MB:-0} > 100000 ? 3 : 2 ))}
 shift $(( $# < 2 ? $# : 2 ))
 PATHS=("$@"); [ ${#PATHS[@]} -eq 0 ] && PATHS=(tests/kernels/replayssm)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -1,6 +1,8 @@
 """GDN kernels on a CUDA GPU: the real Qwen3.5 dims and CUDA-graph capture."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 

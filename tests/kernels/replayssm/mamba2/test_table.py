@@ -12,7 +12,7 @@ from replayssm import reference as R
 from replayssm.mamba2.options import Mamba2Options
 from replayssm.mamba2.table import TABLE, replay_params, tile_params
 
-from kernel_checks import TOL_F32, gen, out_tol, poisoned, rel_err
+from kernel_checks import DEV, TOL_F32, gen, out_tol, poisoned, rel_err
 from .m2_helpers import BUFFERED, make_pair, params, run_steps, verify_commit_cycles
 
 BATCHES = [1, 2, 3, 4, 5, 8, 16, 17, 32, 48, 64, 96, 128, 192, 256, 384, 512]
@@ -107,29 +107,29 @@ def test_every_row_agrees_with_the_reference(row):
         o = BUFFERED.override("eager", **params_)
         p = params(SHAPE, g)
         dt = torch.float32 if sb == 4 else torch.bfloat16
-        st = I.random_state(5, SHAPE.nheads, 16, 16, dtype=dt, gen=g)
+        st = I.random_state(5, SHAPE.nheads, 16, 16, dtype=dt, device=DEV, gen=g)
         sr = st.clone()
-        idx = torch.tensor([3, -1, 0], dtype=torch.int32)
-        inp = {k: v for k, v in I.mamba2_step_inputs(SHAPE, 3, act_dtype=torch.float32, gen=g).items()}
+        idx = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEV)
+        inp = {k: v.to(DEV) for k, v in I.mamba2_step_inputs(SHAPE, 3, act_dtype=torch.float32, gen=g).items()}
         y = M.eager_step(st, **inp, **p, state_indices=idx, out=poisoned(inp["x"]), options=o)
         yr = R.mamba2_eager_step(sr, **inp, **p, state_indices=idx)
         assert rel_err(y, yr) <= TOL_F32
         assert rel_err(st.float(), sr.float()) <= (TOL_F32 if sb == 4 else 2.0 ** -7)
     elif row.op == "fold":
         o = BUFFERED.override("fold", **params_)
-        verify_commit_cycles("cpu", SHAPE, row.name, mode, sd, lo, torch.bfloat16, 2, options=o)
+        verify_commit_cycles(DEV, SHAPE, row.name, mode, sd, lo, torch.bfloat16, 2, options=o)
     elif row.op == "verify":
         o = BUFFERED.override("verify", **params_)
-        verify_commit_cycles("cpu", SHAPE, row.name, mode, sd, lo, torch.bfloat16, 2, options=o)
+        verify_commit_cycles(DEV, SHAPE, row.name, mode, sd, lo, torch.bfloat16, 2, options=o)
     else:
         o = BUFFERED.override("replay", **params_)
         rs, rr = make_pair(SHAPE, 5, 3, 2, mode, sd, lo, torch.bfloat16, g)
-        idx = torch.tensor([3, -1, 0], dtype=torch.int32)
+        idx = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEV)
         if row.op == "route":       # the route's semantics in the reference: route = its period
             period = min(row.params.get("route_k", 1), 2)
             p = params(SHAPE, g)
             for step in range(3):
-                inp = {k: v for k, v in I.mamba2_step_inputs(SHAPE, 3, act_dtype=torch.bfloat16, gen=g).items()}
+                inp = {k: v.to(DEV) for k, v in I.mamba2_step_inputs(SHAPE, 3, act_dtype=torch.bfloat16, gen=g).items()}
                 y = M.replay_step(rs, **inp, **p, state_indices=idx, options=o)
                 yr = R.mamba2_replay_step(rr, **inp, **p, state_indices=idx, route=period)
                 assert rel_err(y, yr) <= out_tol(torch.bfloat16), (row.name, step)
