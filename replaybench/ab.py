@@ -387,6 +387,7 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
         print(f"replaybench check --revs: {msg}", file=sys.stderr)
         return 2
 
+    t_start = time.perf_counter()      # the budget covers the workers' start and compiles too
     if time_budget is not None and time_budget <= 0:
         return bad(f"--time-budget must be > 0, got {time_budget}")
     for f in inject:
@@ -448,14 +449,24 @@ def run_ab(base_rev: str, new_rev: str, scenario_path: str, *, device: str = "au
                               else BATCH_CPU}}
                 stores[s.name] = RunStore.create_or_resume(results_dir, f"{prefix}-{s.name}", man)
             t0 = time.perf_counter()
+            # a re-run with the same --run-id resumes: cases stored on every side are not re-measured
+            done = set.intersection(*(stores[s.name].done_case_ids() for s in sides))
+            per_case: list[float] = []
             for i, case in enumerate(measured):
-                if time_budget is not None and time.perf_counter() - t0 > time_budget:
-                    left = len(measured) - i
-                    print(f"time budget of {time_budget:g} s spent: {left} case(s) not measured", file=sys.stderr)
-                    skipped += measured[i:]
-                    measured = measured[:i]
+                if case.case_id in done:
+                    continue
+                # stop before a case that would overrun: the budget is a promise to the caller
+                need = max(per_case) if per_case else 0.0
+                if time_budget is not None and time.perf_counter() - t_start + need > time_budget:
+                    rest = [c for c in measured[i:] if c.case_id not in done]
+                    print(f"time budget of {time_budget:g} s spent: {len(rest)} case(s) not measured; the same "
+                          f"command with --run-id {prefix} resumes", file=sys.stderr)
+                    skipped += rest
+                    measured = [c for c in measured if c not in rest]
                     break
+                tc = time.perf_counter()
                 res = measure_case(case, sides, scen.timing, dev)
+                per_case.append(time.perf_counter() - tc)
                 for s in sides:
                     t, inf, err = res[s.name]
                     stores[s.name].append(_row(case, s, t, inf, err, f"{prefix}-{s.name}"))

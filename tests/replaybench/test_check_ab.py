@@ -75,6 +75,15 @@ def test_ab_two_revisions_interleaved_with_injection(tmp_path):
     # the stored runs can be re-judged by the two-run gate
     r2 = run(tmp_path, "t-base", "t-new", "--threshold", "0.9")
     assert r2.returncode in (0, 1) and "compared 2:" in r2.stdout
+    # the same command resumes: nothing re-measured, the verdict from the stored rows
+    r3 = run(tmp_path, "--revs", "HEAD", WORKTREE, str(scen), "--device", "cpu", "--run-id", "t",
+             "--threshold", "0.9", "--inject", "0.5", "--time-budget", "0.001")
+    assert r3.returncode in (0, 1) and "compared 2:" in r3.stdout and "time budget" not in r3.stderr
+    assert all(len(RunStore.open(f"t-{side}", tmp_path / "results").rows()) == 2 for side in ("base", "new"))
+    # a budget spent before the first case: nothing measured, and how to resume is said
+    r4 = run(tmp_path, "--revs", WORKTREE, WORKTREE, str(scen), "--device", "cpu", "--run-id", "u",
+             "--time-budget", "0.001")
+    assert r4.returncode == 2 and "2 case(s) not measured" in r4.stderr and "--run-id u resumes" in r4.stderr
 
 
 def test_ab_bad_input(tmp_path):
