@@ -205,34 +205,37 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
     cpu = is_cpu_run(manifest, df)
 
     figures: list[tuple[str, str, Path]] = []   # (title, caption, png)
-    png, _ = fig_time_vs_batch(df, manifest, out_dir, cpu)
-    figures.append(("Time per decode step vs batch",
-                    "Median time per decode step of one SSM layer for the whole batch; error bars "
-                    "span the IQR. One line per method and backend at one configuration per method "
-                    "(named in the legend).", png))
-    png, _ = fig_bytes_per_step(df, manifest, out_dir)
-    figures.append(("Modelled bytes per decode step",
-                    "Bytes read + written per decode step from the analytical traffic model "
-                    "(bytes_model column), averaged over a flush period, at the largest batch.", png))
+    extra_tables: list = []
     sp = speedup_table(df)
-    cross = ("; * = the eager and method medians come from different sessions of this resumed run "
-             "(see 'sessions' above: possibly another GPU or commit)"
-             if len(sp) and sp["cross_session"].any() else "")
-    size_t = size.size_table(df, sp)
-    for model, png, _ in fig_speedup_heatmaps(df, manifest, out_dir, cpu, sp, covered=set(size_t["model"])):
-        figures.append((f"Speedup vs eager: {model}",
-                        "Eager median / method median, same run, same model, batch, state dtype "
-                        f"and backend, at the largest batch; n/a = not measured or invalid (K > L){cross}.",
-                        png))
-    size_figures, size_tables = size.sections(df, manifest, out_dir, cpu, size_t)
-    figures += size_figures
-    extra_figures, extra_tables = spec.sections(df, out_dir, cpu)
-    figures += extra_figures
-    roof_figures, roof_tables = roofline.sections(df, manifest, out_dir, save_figure)
-    figures += roof_figures
-    paper_figures, paper_tables = paper.sections(df, manifest, out_dir, cpu)
-    figures += paper_figures
-    extra_tables = size_tables + roof_tables + paper_tables + goals.sections(df) + extra_tables
+    timed = bool(len(df)) and "median_us" in df.columns and df["median_us"].notna().any()
+    if timed:   # a drift run has no timings: no timing, traffic, speedup or roofline sections
+        png, _ = fig_time_vs_batch(df, manifest, out_dir, cpu)
+        figures.append(("Time per decode step vs batch",
+                        "Median time per decode step of one SSM layer for the whole batch; error bars "
+                        "span the IQR. One line per method and backend at one configuration per method "
+                        "(named in the legend).", png))
+        png, _ = fig_bytes_per_step(df, manifest, out_dir)
+        figures.append(("Modelled bytes per decode step",
+                        "Bytes read + written per decode step from the analytical traffic model "
+                        "(bytes_model column), averaged over a flush period, at the largest batch.", png))
+        cross = ("; * = the eager and method medians come from different sessions of this resumed run "
+                 "(see 'sessions' above: possibly another GPU or commit)"
+                 if len(sp) and sp["cross_session"].any() else "")
+        size_t = size.size_table(df, sp)
+        for model, png, _ in fig_speedup_heatmaps(df, manifest, out_dir, cpu, sp, covered=set(size_t["model"])):
+            figures.append((f"Speedup vs eager: {model}",
+                            "Eager median / method median, same run, same model, batch, state dtype "
+                            f"and backend, at the largest batch; n/a = not measured or invalid (K > L){cross}.",
+                            png))
+        size_figures, size_tables = size.sections(df, manifest, out_dir, cpu, size_t)
+        figures += size_figures
+        extra_figures, extra_tables = spec.sections(df, out_dir, cpu)
+        figures += extra_figures
+        roof_figures, roof_tables = roofline.sections(df, manifest, out_dir, save_figure)
+        figures += roof_figures
+        paper_figures, paper_tables = paper.sections(df, manifest, out_dir, cpu)
+        figures += paper_figures
+        extra_tables = size_tables + roof_tables + paper_tables + goals.sections(df) + extra_tables
     thr = throttle_table(df)
     if len(thr):
         extra_tables.append(("Throttled measurements",
@@ -271,7 +274,8 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
                f"[{spread_section.csv.name}]({spread_section.csv.name}))", "", spread_section.intro, "",
                f"Reproduce: `{spread_section.command}`", "", _md_table(spread_section.summary, list(spread_section.summary.columns)),
                f"Worst {len(spread_section.worst)} case(s):", "", _md_table(spread_section.worst, list(spread_section.worst.columns))]
-    md += ["## Speedups vs eager (same run)", "", _md_table(sp, sp_cols)]
+    if timed:
+        md += ["## Speedups vs eager (same run)", "", _md_table(sp, sp_cols)]
     for t, intro, tdf, cols in extra_tables:
         md += [f"## {t}", "", intro, "", _md_table(tdf, cols)]
     drift_md = drift.drift_section(df, out_dir) if len(df) and "drift_series" in df.columns else ""
@@ -302,7 +306,8 @@ def write_report(run: str | Path, reports_dir: str | Path = "reports",
                  + _html_table(spread_section.summary, list(spread_section.summary.columns))
                  + f"<p>Worst {len(spread_section.worst)} case(s):</p>"
                  + _html_table(spread_section.worst, list(spread_section.worst.columns)))
-    h.append("<h2>Speedups vs eager (same run)</h2>" + _html_table(sp, sp_cols))
+    if timed:
+        h.append("<h2>Speedups vs eager (same run)</h2>" + _html_table(sp, sp_cols))
     for t, intro, tdf, cols in extra_tables:
         h.append(f"<h2>{html.escape(t)}</h2><p>{html.escape(intro)}</p>" + _html_table(tdf, cols))
     if drift_md:

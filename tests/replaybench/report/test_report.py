@@ -128,8 +128,9 @@ def test_report_with_only_errors_or_no_rows(tmp_path):
     rows = [r for r in synthetic_rows() if r["status"] == "error"]
     make_run(tmp_path, run_id="errs", rows=rows)
     out = write_report("errs", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
-    assert (out / "time_vs_batch.png").exists() and (out / "report.html").exists()
-    assert "Errors (2)" in (out / "report.md").read_text()
+    assert (out / "report.html").exists() and not (out / "time_vs_batch.png").exists()  # nothing timed
+    md = (out / "report.md").read_text()
+    assert "Errors (2)" in md and "Speedups vs eager" not in md
     make_run(tmp_path, run_id="empty", rows=[])
     out = write_report("empty", reports_dir=tmp_path / "reports", results_dir=tmp_path / "results")
     assert "All rows (0)" in (out / "report.md").read_text()
