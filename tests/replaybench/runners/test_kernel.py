@@ -50,8 +50,7 @@ def test_workload_is_one_flush_period_over_the_layers(method):
 @pytest.mark.parametrize("period,layers,steps", [(0, 1, 16), (0, 2, 16), (0, 64, 16), (16, 1, 16), (16, 64, 16),
                                                  (8, 1, 16), (8, 4, 16), (5, 1, 20), (5, 64, 20), (32, 1, 32)])
 def test_a_gpu_sample_holds_the_same_steps_for_every_method_in_whole_flush_periods(period, layers, steps):
-    # an eager case at batch 1 (64 layers) used to be timed 64 launches a sample beside replay's
-    # 1024, and a one-layer case one launch a sample (kernel.SAMPLE_STEPS)
+    # every method's sample covers the same steps, in whole flush periods, at least SAMPLE_STEPS
     from replaybench.runners.common import SAMPLE_STEPS, steps_per_sample
     got = steps_per_sample(period, layers, "cuda")
     assert got == steps
