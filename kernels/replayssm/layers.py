@@ -376,7 +376,7 @@ class Mamba2DecodeLayer(DecodeLayer):
         R.mamba2_flush(self.rs, self.A)
 
     def _ops_flush(self):
-        self._ops.flush(self.rs, self.A, backend=self.backend, options=self.options)
+        self._ops.flush(self.rs, A=self.A, backend=self.backend, options=self.options)
 
     def _fill_buffer_gates(self, g):
         self.rs.dt.copy_(0.01 + 0.2 * torch.rand(self.rs.dt.shape, generator=g, device=self.device))

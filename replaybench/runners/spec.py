@@ -65,7 +65,7 @@ class ReplaySpecLayer:
         try:
             if self.op == "mamba2":
                 y = M.verify(self.rs, **inp, **params, state_indices=idx, backend=self.backend, out=out, **self.kw)
-                M.commit(self.rs, params["A"], accepted, state_indices=idx, backend=self.backend, **self.kw)
+                M.commit(self.rs, accepted, state_indices=idx, backend=self.backend, **self.kw)
             else:
                 y = G.verify(self.rs, **inp, state_indices=idx, backend=self.backend, out=out, **self.kw)
                 G.commit(self.rs, accepted, state_indices=idx, backend=self.backend, **self.kw)

@@ -24,7 +24,7 @@ def mamba2_eager_step(state: torch.Tensor, x, dt, A, B, C, D, dt_bias, z=None, s
     Returns y [b, H, P] in x's dtype.
     """
     cd = compute_dtype(state, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
+    rows, slots = live_rows(state_indices, x.shape[0], x.device, state.shape[0])
     H = x.shape[1]
     xs, Bh, Ch = x[rows].to(cd), expand_groups(B[rows].to(cd), H, 1), expand_groups(C[rows].to(cd), H, 1)
     dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))
@@ -80,7 +80,7 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
     sequence's cursor. Returns y [b, H, P].
     """
     cd = compute_dtype(rs.hi.data, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
+    rows, slots = live_rows(state_indices, x.shape[0], x.device, rs.cursor.shape[0])
     out = torch.zeros_like(x)
     if len(rows) == 0:
         return out
@@ -90,7 +90,7 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
         raise RuntimeError("buffer overflow: cursor reached capacity without a flush")
     xs, Ch = x[rows].to(cd), expand_groups(C[rows].to(cd), H, 1)
     dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))
-    rs.x[slots, n], rs.B[slots, n], rs.dt[slots, n] = x[rows], B[rows], dtv.to(rs.dt.dtype)
+    rs.x[slots, n], rs.B[slots, n], rs.dt[slots, n] = x[rows].to(rs.x.dtype), B[rows].to(rs.B.dtype), dtv.to(rs.dt.dtype)
     X, Bb, dtb = _mamba2_buffer(rs, slots, cd, H)
     Acd = A.to(cd)
     flush = flush_rows(rs, slots, n, route)
@@ -135,7 +135,7 @@ def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, sta
     (mamba2_commit moves it). No per-draft state. Returns y [b, T, H, P].
     """
     cd = compute_dtype(rs.hi.data, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
+    rows, slots = live_rows(state_indices, x.shape[0], x.device, rs.cursor.shape[0])
     out = torch.zeros_like(x)
     if len(rows) == 0:
         return out
@@ -146,7 +146,7 @@ def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, sta
         raise RuntimeError(f"draft window of {T} does not fit: cursor {int(n.max())}, capacity {rs.capacity}")
     pos = n[:, None] + torch.arange(T, device=x.device)     # [b, T]
     dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))        # [b, T, H]
-    rs.x[slots[:, None], pos], rs.B[slots[:, None], pos] = x[rows], B[rows]
+    rs.x[slots[:, None], pos], rs.B[slots[:, None], pos] = x[rows].to(rs.x.dtype), B[rows].to(rs.B.dtype)
     rs.dt[slots[:, None], pos] = dtv.to(rs.dt.dtype)
     X, Bb, dtb = _mamba2_buffer(rs, slots, cd, H)
     Ch = expand_groups(C[rows].to(cd), H, 2)
