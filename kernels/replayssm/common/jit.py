@@ -117,9 +117,11 @@ def clear_lo_stale_kernel(idx_ptr, n_slots, cur_ptr, batch, HAS_IDX: tl.constexp
 
 
 @triton.jit
-def commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, BLOCK_B: tl.constexpr):
+def commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, max_add, BLOCK_B: tl.constexpr):
     """Per batch row b < BLOCK_B of a commit: (b, slot = idx[b] (-1 past batch), live =
-    0 <= slot < n_slots (else a no-op row), m = cursor[slot] + add[b], 0 for rows not live). The cursor word's LO_STALE bit
+    0 <= slot < n_slots (else a no-op row), m = cursor[slot] + add[b], 0 for rows not live).
+    add[b] is clamped to 0..max_add (L - K: a cursor below K then stays below L, whatever a
+    caller passes). The cursor word's LO_STALE bit
     (replayssm.state) is masked off (the verify before a commit has cleared it, refreshing the
     low copy)."""
     bb = tl.arange(0, BLOCK_B)
@@ -127,18 +129,18 @@ def commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, BLOCK_B: tl.constex
     live = (slot >= 0) & (slot < n_slots)
     slot = tl.where(live, slot, 0)
     m = tl.load(cur_ptr + slot, mask=live, other=0) & _CURSOR_MASK
-    m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
+    m += tl.minimum(tl.maximum(tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32), 0), max_add)
     return bb, slot, live, m
 
 
 @triton.jit
-def list_commit_rows(idx_ptr, n_slots, add_ptr, cur_ptr, lst_ptr, batch, K, BLOCK_B: tl.constexpr, LAST: tl.constexpr):
+def list_commit_rows(idx_ptr, n_slots, add_ptr, cur_ptr, lst_ptr, batch, K, max_add, BLOCK_B: tl.constexpr, LAST: tl.constexpr):
     """A speculative commit's cursor move, in one program over the batch (the commit's first
     launch): m = cursor[idx[b]] + add[b] for every live row (idx[b] >= 0, b < batch); the
     cursor becomes 0 where m >= K (the row folds its entries 0..m-1) and m elsewhere; the
     folding rows are listed as lst[rank] = (b << 16) | (m - 1 if LAST else m) at ranks
     0, 1, ... (m <= L < 2^16, b < 2^15) and their count stored at lst[batch]."""
-    bb, slot, live, m = commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, BLOCK_B)
+    bb, slot, live, m = commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, max_add, BLOCK_B)
     fl = live & (m >= K)
     tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
     rank = tl.cumsum(fl.to(tl.int32), 0) - 1

@@ -86,7 +86,8 @@ def commit(rs, accepted: torch.Tensor, state_indices=None, flush=None) -> None:
     """Accept `accepted[b]` (0..T) drafts per row: a cursor move; then flush sequences whose
     cursor reached the flush period. `flush(rs, slots)` folds entries (family-specific)."""
     rows, slots = live_rows(state_indices, accepted.shape[0], accepted.device, rs.cursor.shape[0])
-    rs.cursor[slots] = (rs.entries(slots) + accepted[rows].long()).to(torch.int32)
+    add = accepted[rows].long().clamp(0, rs.capacity - rs.flush_period)   # as the kernels: the cursor stays < L
+    rs.cursor[slots] = (rs.entries(slots) + add).to(torch.int32)
     due = slots[rs.cursor[slots] >= rs.flush_period]
     if len(due):
         flush(rs, due)

@@ -13,7 +13,7 @@ from .jit import (TICKET, CUR_MASK, STALE_BIT, ckpt_load, ckpt_store, folded_til
 
 
 @triton.jit
-def gdn_commit_cursor_kernel(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B: tl.constexpr,
+def gdn_commit_cursor_kernel(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, max_add, BLOCK_B: tl.constexpr,
                               COMPACT: tl.constexpr, GDC: tl.constexpr = False):
     """First launch of a speculative commit, one program: with m = cursor + accepted[b],
     COMPACT: moves the cursors (0 where m >= K: the row flushes; else m) and lists the flushing
@@ -29,9 +29,9 @@ def gdn_commit_cursor_kernel(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch,
     gdc_wait_prior(GDC)
     gdc_release(GDC)
     if COMPACT:
-        list_commit_rows(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B, True)
+        list_commit_rows(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, max_add, BLOCK_B, True)
     else:
-        bb, _, live, m = commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, BLOCK_B)
+        bb, _, live, m = commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, max_add, BLOCK_B)
         tl.store(nxt_ptr + bb, tl.where(live, m - 1, -1), mask=bb < batch)
 
 
@@ -197,7 +197,7 @@ def gdn_fold_kernel(
         n = old & CUR_MASK
         last = (old >> 16) == nprog - 1
         if HAS_ADD:
-            n = n + tl.load(add_ptr + b).to(tl.int32)
+            n = n + tl.minimum(tl.maximum(tl.load(add_ptr + b).to(tl.int32), 0), L - threshold)
             do_fold = n >= threshold
         elif DUAL:
             do_fold = (n >= threshold) | ((old & STALE_BIT) != 0)

@@ -460,7 +460,8 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, opt: 
     bb = triton.next_power_of_2(batch)
     pdl = pdl_meta(accepted.device, bool(config.get("PDL", opt.pdl)))     # the fold behind the cursor launch
     cur = (opt.table or TABLE).pick("cursor", batch=batch)
-    snap = Launch(gdn_commit_cursor_kernel, (1,), [idx, rs.cursor.shape[0], accepted, rs.cursor, nxt, batch, rs.flush_period],
+    snap = Launch(gdn_commit_cursor_kernel, (1,), [idx, rs.cursor.shape[0], accepted, rs.cursor, nxt, batch,
+                                                 rs.flush_period, rs.capacity - rs.flush_period],
                   dict(BLOCK_B=bb, COMPACT=compact, num_warps=cur.params["num_warps"], **pdl), cur.name)
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
     # no output: the buffers stand in for q and o (unread)

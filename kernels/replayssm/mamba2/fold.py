@@ -67,7 +67,7 @@ def _fold_kernel(
         word = tl.load(cur_ptr + slot, mask=live, other=0)
         n = word & CUR_MASK     # (LO_STALE, the deferred route's epoch)
         if HAS_ACC:
-            n = n + tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32)
+            n = n + tl.minimum(tl.maximum(tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32), 0), L - THRESH)
             do = n >= THRESH
         elif HAS_LO:
             do = (n >= THRESH) | ((word & LO_STALE_BIT) != 0)
@@ -113,7 +113,7 @@ def _fold_head(slot, n, pid_p, h, bx_ptr, bB_ptr, bdt_ptr, A_ptr, hi_ptr, hi_sc_
 
 
 @triton.jit
-def _commit_list_kernel(idx_ptr, n_slots, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B: tl.constexpr,
+def _commit_list_kernel(idx_ptr, n_slots, acc_ptr, cur_ptr, lst_ptr, rows, K, max_add, BLOCK_B: tl.constexpr,
                         GDC: tl.constexpr = False):
     """First launch of a LIST commit, one program: m = cursor + accepted[r] per live row; the
     cursor becomes 0 where m >= K (the row folds entries 0..m-1) else m; the folding rows are
@@ -123,7 +123,7 @@ def _commit_list_kernel(idx_ptr, n_slots, acc_ptr, cur_ptr, lst_ptr, rows, K, BL
     fold behind it launch."""
     gdc_wait_prior(GDC)
     gdc_release(GDC)
-    list_commit_rows(idx_ptr, n_slots, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B, False)
+    list_commit_rows(idx_ptr, n_slots, acc_ptr, cur_ptr, lst_ptr, rows, K, max_add, BLOCK_B, False)
 
 
 @triton.jit
@@ -151,7 +151,7 @@ def _refresh_lo_kernel(idx_ptr, n_slots, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_
 
 
 @triton.jit
-def _cursor_kernel(cur_ptr, idx_ptr, n_slots, acc_ptr, rows, K,
+def _cursor_kernel(cur_ptr, idx_ptr, n_slots, acc_ptr, rows, K, max_add,
                    MODE: tl.constexpr, HAS_IDX: tl.constexpr, BLOCK: tl.constexpr, STALE: tl.constexpr = True):
     """New cursors after a launch of the kernels above (which only read them).
     MODE 0 (step):   n + 1 >= K or stale ? 0 : n + 1   (stale: LO_STALE, the step flushed)
@@ -176,7 +176,7 @@ def _cursor_kernel(cur_ptr, idx_ptr, n_slots, acc_ptr, rows, K,
         else:
             new = tl.where(n >= K, 0, n)
     elif MODE == 1:
-        n = n + tl.load(acc_ptr + offs, mask=live, other=0).to(tl.int32)
+        n = n + tl.minimum(tl.maximum(tl.load(acc_ptr + offs, mask=live, other=0).to(tl.int32), 0), max_add)
         new = tl.where(n >= K, 0, n)
     else:
         new = tl.zeros_like(n)
@@ -193,7 +193,7 @@ def plan_cursor(rs, state_indices, rows: int, mode: int, accepted=None, options:
     acc = accepted if accepted is not None else rs.cursor
     blk = options.cursor_block
     return [record(_cursor_kernel, (triton.cdiv(rows, blk),))(
-        rs.cursor, idx, rs.cursor.shape[0], acc, rows, rs.flush_period,
+        rs.cursor, idx, rs.cursor.shape[0], acc, rows, rs.flush_period, rs.capacity - rs.flush_period,
         MODE=mode, HAS_IDX=state_indices is not None, BLOCK=blk, STALE=rs.lo is not None, num_warps=4)]
 
 
@@ -262,7 +262,8 @@ def plan_commit(rs, A, accepted, state_indices=None, options: Mamba2Options | No
     pdl = pdl_meta(accepted.device, bool(ov.get("pdl", options.pdl)))
     fold = plan_fold(rs, A, idx, rs.flush_period, accepted, listed=(lst, nw), options=options)
     fold[0].meta.update(pdl)
-    return ([record(_commit_list_kernel, (1,))(idx, rs.cursor.shape[0], accepted, rs.cursor, lst, bsz, rs.flush_period, BLOCK_B=bb,
+    return ([record(_commit_list_kernel, (1,))(idx, rs.cursor.shape[0], accepted, rs.cursor, lst, bsz, rs.flush_period,
+                                               rs.capacity - rs.flush_period, BLOCK_B=bb,
                                                num_warps=4 if bb >= 256 else 1, **pdl)] + fold)
 
 
@@ -285,5 +286,6 @@ def plan_clear_bits(rs, state_indices, rows: int) -> Launch:
     """Launch of common.jit.clear_lo_stale_kernel over `rows` batch rows: their cursor words
     reduced to the count (the LO_STALE bit and the deferred route's epoch cleared)."""
     idx = state_indices if state_indices is not None else rs.cursor
-    return record(clear_lo_stale_kernel, (1,))(idx, rs.cursor.shape[0], rs.cursor, rows, HAS_IDX=state_indices is not None,
+    return record(clear_lo_stale_kernel, (1,))(idx, rs.cursor.shape[0], rs.cursor, rows,
+                                                HAS_IDX=state_indices is not None,
                                                 BLOCK_B=np2(rows), num_warps=4)

@@ -261,6 +261,23 @@ def test_out_of_pool_index_is_a_noop_row(fam, op):
                 f"{backend} idx {bad}: state {k}"
 
 
+@pytest.mark.parametrize("fam", ["mamba2", "gdn"])
+def test_accepted_out_of_range_keeps_the_cursor_in_the_buffer(fam):
+    """Normal mode: accepted is clamped to 0..L-K on both backends (a cursor below K stays
+    below L), so later steps and verifies stay inside the buffer; the backends agree."""
+    a, st0 = base(fam, "commit")
+    for bad in ([-1, 2], [100, -7]):
+        sts = {}
+        for backend in BACKENDS:
+            st = copy.deepcopy(st0)
+            run(fam, "commit", st, {**a, "accepted": idx(bad)}, backend)
+            assert int(OPS[fam].entries(st).max()) < st.capacity
+            run(fam, "verify", st, {"inp": step_inputs(fam, T=T), "state_indices": idx(IDX)}, backend)
+            sts[backend] = tensors(st)
+        for k, v in sts["triton"].items():
+            assert torch.allclose(v.double(), sts["reference"][k].double(), rtol=1e-4, atol=1e-5), f"{bad}: {k}"
+
+
 def test_perdraft_out_of_pool_slots_are_skipped():
     """Per-draft verify: a start slot past the pool is a padded row, a destination past it is
     skipped, a start column past T is a padded row; both backends agree."""
