@@ -186,10 +186,7 @@ class DecodeLayer:
             if self.rs is None:
                 self.state.copy_(ssm_state.to(self.state.dtype))
             else:
-                self.rs.hi.write(self._rows, ssm_state)
-                if self.rs.lo is not None:
-                    self.rs.lo.write(self._rows, ssm_state)
-                self.rs.cursor.zero_()
+                self._triton_module().load_state(self.rs, ssm_state, self._rows)   # (plain tensor writes)
         if conv_state is not None:
             self.conv_state[:self.slots] = conv_state.to(self.dtype)
 

@@ -34,6 +34,12 @@ def check_tol(case) -> float:
     return CHECK_TOL.get(case.lo_dtype if case.lo_dtype != "none" else case.state_dtype, 3e-2)
 
 
+def family(op: str):
+    """The public op module of a family (replayssm.mamba2 / replayssm.gdn)."""
+    import importlib
+    return importlib.import_module(f"replayssm.{op}")
+
+
 def ops(op: str, backend: str):
     """The public op module for a family, or None for the reference backend."""
     if backend == "reference":
@@ -108,10 +114,7 @@ class Layer:
                                               dims.head_v_dim, buffer_len, flush_period, mode, state_dtype, lo,
                                               act, device)
         init = random_state(batch, heads, rows, cols, torch.float32, device, device_gen(gen, device))
-        all_slots = torch.arange(batch, device=device)
-        self.rs.hi.write(all_slots, init)
-        if self.rs.lo is not None:
-            self.rs.lo.write(all_slots, init)
+        family(op).load_state(self.rs, init)
         dg = device_gen(gen, device)
         rnd = lambda t: torch.randn(t.shape, generator=dg, device=device)  # noqa: E731
         uni = lambda t: torch.rand(t.shape, generator=dg, device=device)  # noqa: E731

@@ -26,14 +26,24 @@ from .backends import check_backend  # noqa: F401 (re-exported: every op checks 
 
 FLOATS = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 INTS = (torch.int32, torch.int64)
+_LETTERS: dict[str, tuple[str, ...]] = {}
 ENV = "REPLAYSSM_CHECK"
+
+
+def read_env() -> bool:
+    """(Re)read REPLAYSSM_CHECK (read once at import; call after changing it in-process)."""
+    global _ENV_ON
+    _ENV_ON = os.environ.get(ENV, "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return _ENV_ON
+
+
+_ENV_ON = False
+read_env()
 
 
 def debug(check: bool | None) -> bool:
     """Whether the debug checks run: the op's `check` argument, else REPLAYSSM_CHECK."""
-    if check is not None:
-        return bool(check)
-    return os.environ.get(ENV, "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return _ENV_ON if check is None else bool(check)
 
 
 def fail(op: str, arg: str, expected: str, got) -> None:
@@ -52,34 +62,38 @@ class Args:
     fixes the batch) and compares the others, its dtype (floating by default) and device."""
 
     def __init__(self, op: str, device: torch.device, **dims: int):
-        self.op, self.device, self.dims = op, torch.device(device), dict(dims)
+        self.op, self.device, self.dims = op, device, dict(dims)
         self.src = {d: "the state" for d in dims}     # where each size came from (for the message)
 
     def tensor(self, name: str, t, dims: str, dtypes=FLOATS, optional: bool = False, contiguous: bool = False):
-        if t is None:
-            if optional:
-                return
-            fail(self.op, name, f"a tensor [{', '.join(dims.split())}]", None)
+        # the hot path: a few attribute reads and compares per tensor; messages only on failure
+        letters = _LETTERS.get(dims) or _LETTERS.setdefault(dims, tuple(dims.split()))
         if not isinstance(t, torch.Tensor):
-            fail(self.op, name, f"a tensor [{', '.join(dims.split())}]", type(t).__name__)
-        letters = dims.split()
-        want = [self.dims.get(d) for d in letters]
-        if t.dim() != len(letters) or any(w is not None and w != s for w, s in zip(want, t.shape)):
-            exp = ", ".join(d if w is None else f"{d}={w}" for d, w in zip(letters, want))
-            src = sorted({self.src[d] for d, w in zip(letters, want) if w is not None})
-            fail(self.op, name, f"shaped [{exp}]" + (f" (sizes from {', '.join(src)})" if src else ""),
-                 list(t.shape))
-        for d, s in zip(letters, t.shape):
-            if d not in self.dims:
-                self.dims[d], self.src[d] = int(s), name
+            if t is None and optional:
+                return
+            fail(self.op, name, f"a tensor [{', '.join(letters)}]", None if t is None else type(t).__name__)
+        shape, known = t.shape, self.dims
+        if len(shape) != len(letters):
+            self._shape(name, t, letters)
+        for d, s in zip(letters, shape):
+            w = known.get(d)
+            if w is None:
+                known[d], self.src[d] = s, name
+            elif w != s:
+                self._shape(name, t, letters)
         if t.dtype not in dtypes:
             fail(self.op, name, f"of dtype {' / '.join(str(d).replace('torch.', '') for d in dtypes)}",
                  str(t.dtype).replace("torch.", ""))
-        if t.device != self.device and not (t.device.type == self.device.type == "cuda"
-                                             and self.device.index is None):
+        if t.device != self.device:
             fail(self.op, name, f"on the state's device {self.device}", t.device)
         if contiguous and not t.is_contiguous():
             fail(self.op, name, "contiguous", f"strides {t.stride()}")
+
+    def _shape(self, name, t, letters):
+        bound = [d for d in letters if d in self.dims and self.src[d] != name]
+        exp = ", ".join(f"{d}={self.dims[d]}" if d in bound else d for d in letters)
+        src = sorted({self.src[d] for d in bound})
+        fail(self.op, name, f"shaped [{exp}]" + (f" (sizes from {', '.join(src)})" if src else ""), list(t.shape))
 
     def divides(self, small: str, big: str, what: str) -> None:
         if self.dims[big] % self.dims[small]:
@@ -98,8 +112,10 @@ class Args:
             fail(self.op, name, f"contiguous on {like.device}", f"strides {out.stride()} on {out.device}")
 
 
-def state_tensors(op: str, rs) -> None:
-    """Every tensor of a replay state contiguous and on the cursor's device; cursor int32 [S]."""
+def state_tensors(op: str, rs, backend: str = "reference") -> None:
+    """Every tensor of a replay state [S, ...] on the cursor's device, cursor int32 [S]; for the
+    Triton backend also contiguous (the kernels address slots as a contiguous [S, ...] tensor;
+    the reference takes any strides, e.g. vLLM's page views)."""
     S = rs.hi.data.shape[0]
     if rs.cursor.dtype != torch.int32 or rs.cursor.shape != (S,):
         fail(op, "rs.cursor", f"int32 [{S}]", _names(rs.cursor))
@@ -108,8 +124,8 @@ def state_tensors(op: str, rs) -> None:
     for name, t in parts:
         if t is None:
             continue
-        if not t.is_contiguous():
-            fail(op, name, "contiguous", f"strides {t.stride()}")
+        if backend == "triton" and not t.is_contiguous():
+            fail(op, name, "contiguous for backend='triton' (the reference takes any strides)", f"strides {t.stride()}")
         if t.device != rs.cursor.device or t.shape[0] != S:
             fail(op, name, f"[{S}, ...] on {rs.cursor.device}", _names(t))
 
@@ -211,8 +227,8 @@ def gdn_inputs(op: str, dims: dict, device, q, k, v, g, beta, state_indices, sca
     return a
 
 
-def mamba2_state_dims(op: str, rs) -> dict:
-    state_tensors(op, rs)
+def mamba2_state_dims(op: str, rs, backend: str) -> dict:
+    state_tensors(op, rs, backend)
     S, H, P, N = rs.hi.data.shape
     if rs.x.shape[2:] != (H, P) or rs.B.shape[3] != N or rs.dt.shape[2:] != (H,):
         fail(op, "rs (its buffers)", f"x [S, L, {H}, {P}], B [S, L, G, {N}], dt [S, L, {H}]",
@@ -220,8 +236,8 @@ def mamba2_state_dims(op: str, rs) -> dict:
     return {"S": S, "H": H, "P": P, "N": N, "G": rs.B.shape[2]}
 
 
-def gdn_state_dims(op: str, rs) -> dict:
-    state_tensors(op, rs)
+def gdn_state_dims(op: str, rs, backend: str) -> dict:
+    state_tensors(op, rs, backend)
     S, Hv, dv, dk = rs.hi.data.shape
     if rs.u.shape[2:] != (Hv, dv) or rs.k.shape[3] != dk or rs.g.shape[2:] != (Hv,):
         fail(op, "rs (its buffers)", f"u [S, L, {Hv}, {dv}], k [S, L, Hk, {dk}], g [S, L, {Hv}]",
@@ -229,14 +245,14 @@ def gdn_state_dims(op: str, rs) -> dict:
     return {"S": S, "Hv": Hv, "dv": dv, "dk": dk, "Hk": rs.k.shape[2]}
 
 
-def eager_state(op: str, state, letters: str) -> dict:
-    """An eager state tensor [S, heads, rows, cols]: floating, contiguous."""
+def eager_state(op: str, state, letters: str, backend: str) -> dict:
+    """An eager state tensor [S, heads, rows, cols]: floating (Triton: contiguous)."""
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         fail(op, "state", f"a tensor [{letters}]", _names(state) if isinstance(state, torch.Tensor) else state)
     if state.dtype not in FLOATS:
         fail(op, "state", "float32 / bfloat16 / float16 / float64", str(state.dtype).replace("torch.", ""))
-    if not state.is_contiguous():
-        fail(op, "state", "contiguous", f"strides {state.stride()}")
+    if backend == "triton" and not state.is_contiguous():
+        fail(op, "state", "contiguous for backend='triton'", f"strides {state.stride()}")
     return dict(zip(letters.replace(",", " ").split(), state.shape))
 
 

@@ -1,11 +1,16 @@
-"""Public Gated DeltaNet decode ops: eager baseline and ReplaySSM (replay, flush, verify, commit).
+"""Public Gated DeltaNet decode ops: the eager baseline and ReplaySSM. The verbs, with
+replayssm.mamba2's argument order and keyword rules (docs/api.md): allocate, load_state,
+export_state, entries, eager_step, replay_step, flush, verify, commit.
 
-Every op takes ``backend="triton"`` (default: the kernels of this package) or
+Every op takes the keyword-only ``backend="triton"`` (default: the kernels of this package) or
 ``backend="reference"`` (the exact PyTorch oracle, reference.py here); both have the
-semantics documented in reference.py, with the same argument names and shapes:
+semantics documented in reference.py (same results, same errors), with the same argument
+names and shapes. ``check=``: the debug checks (device data; None: REPLAYSSM_CHECK). Shapes,
+dtypes and L >= K + T are checked on the host at every call (common/checks.py):
 
     q, k [b, Hk, dk]; v [b, Hv, dv]; g [b, Hv] (log alpha); beta [b, Hv]
-    state [S, Hv, dv, dk]; state_indices [b] int32 (negative = padded row: output 0, no I/O)
+    state [S, Hv, dv, dk]; state_indices [b] int32 (outside 0..S-1, e.g. negative = padded
+    row: output 0, no I/O); scale (keyword): q's scale, default dk^-0.5
     verify: q/k [b, T, Hk, dk], v [b, T, Hv, dv], g/beta [b, T, Hv]; accepted [b] (0..T)
 
 Triton ops are CUDA-graph capturable: fixed grids, every per-sequence decision (flush or not,
@@ -58,9 +63,9 @@ def _live(state_indices, batch, device, pool=None):
     return rows, slots
 
 
-def _step_checks(op, rs, q, k, v, g, beta, state_indices, scale, out, check, draft=False):
+def _step_checks(op, backend, rs, q, k, v, g, beta, state_indices, scale, out, check, draft=False):
     """Host checks of a replay state's op (always) and, in debug mode, its indices."""
-    dims = chk.gdn_state_dims(op, rs)
+    dims = chk.gdn_state_dims(op, rs, backend)
     chk.gdn_inputs(op, dims, rs.cursor.device, q, k, v, g, beta, state_indices, scale, out, draft)
     if draft:
         chk.window(op, rs, v.shape[1])
@@ -120,7 +125,7 @@ def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, *, sca
     v [b, Hv, dv], g / beta [b, Hv], state_indices [b] or None; scale: q's scale (None:
     dk^-0.5). Returns o [b, Hv, dv] in v's dtype."""
     chk.check_backend(backend)
-    dims = chk.eager_state("eager_step", state, "S Hv dv dk")
+    dims = chk.eager_state("eager_step", state, "S Hv dv dk", backend)
     chk.gdn_inputs("eager_step", dims, state.device, q, k, v, g, beta, state_indices, scale, out)
     if chk.debug(check):
         chk.slots_in_pool("eager_step", "state_indices", state_indices, dims["S"])
@@ -140,7 +145,7 @@ def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, *, sca
     k-th step, reference.gdn_replay_step's `route`). Shapes as eager_step (the state: rs, made
     by allocate). Returns o [b, Hv, dv]."""
     chk.check_backend(backend)
-    _step_checks("replay_step", rs, q, k, v, g, beta, state_indices, scale, out, check)
+    _step_checks("replay_step", backend, rs, q, k, v, g, beta, state_indices, scale, out, check)
     if backend == "reference":
         return into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))
     if rs.counter is not None:   # the small-batch route flushes every k-th step
@@ -153,7 +158,7 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backend: str
     """Fold every committed entry of `slots` [n] (None: all slots; negative or out-of-range:
     skipped; those with cursor 0 are left alone) into the checkpoint."""
     chk.check_backend(backend)
-    chk.gdn_state_dims("flush", rs)
+    chk.gdn_state_dims("flush", rs, backend)
     chk.flush_args("flush", rs, slots)
     if chk.debug(check):
         chk.slots_in_pool("flush", "slots", slots, rs.cursor.shape[0])
@@ -172,7 +177,7 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, *, scale=No
     v [b, T, Hv, dv], g / beta [b, T, Hv]. Drafts are written at cursor..cursor+T-1 (L >= K + T,
     checked); the cursor does not move (commit moves it). Returns o [b, T, Hv, dv]."""
     chk.check_backend(backend)
-    _step_checks("verify", rs, q, k, v, g, beta, state_indices, scale, out, check, draft=True)
+    _step_checks("verify", backend, rs, q, k, v, g, beta, state_indices, scale, out, check, draft=True)
     rs.draft_window = v.shape[1]
     if backend == "reference":
         return into(out, ref.gdn_verify(rs, q, k, v, g, beta, state_indices, scale))
@@ -193,7 +198,7 @@ def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, ba
     flush sequences whose cursor reached the flush period; on the triton backend the decision
     is made on the device."""
     chk.check_backend(backend)
-    chk.gdn_state_dims("commit", rs)
+    chk.gdn_state_dims("commit", rs, backend)
     chk.commit_args("commit", rs, accepted, state_indices)
     if chk.debug(check):
         chk.slots_in_pool("commit", "state_indices", state_indices, rs.cursor.shape[0])

@@ -1,19 +1,24 @@
-"""Mamba-2 decode ops: the eager baseline and ReplaySSM (step, flush, verify, commit).
+"""Mamba-2 decode ops: the eager baseline and ReplaySSM. The verbs, with replayssm.gdn's
+argument order and keyword rules (docs/api.md): allocate, load_state, export_state, entries,
+eager_step, replay_step, flush, verify, commit (and advance_cursors).
 
 Where things are: reference.py (the exact PyTorch oracle), eager.py / replay.py / route.py /
 fold.py / spec.py (speculative verify) (one algorithm each: its Triton kernels and its planner), table.py (the
 launch table: which tiles each case launches, and why), options.py (Mamba2Options: the knobs,
 passed explicitly), plan.py (plan(op, ...) -> [Launch]: what a case launches, without running).
 
-Every op takes ``backend="triton"`` (default) or ``backend="reference"`` (the oracle), and
-``options=`` (Mamba2Options; None: the shipped defaults; the Triton backend only). What a case
+Every op takes the keyword-only ``backend="triton"`` (default) or ``backend="reference"``
+(the oracle; same results, same errors), ``options=`` (Mamba2Options; None: the shipped
+defaults; the Triton backend only) and ``check=`` (the debug checks, which read device data;
+None: the REPLAYSSM_CHECK environment variable). Shapes, dtypes and L >= K + T are checked on
+the host at every call (common/checks.py), a ValueError naming the argument. What a case
 launches: ``replayssm.mamba2.plan.plan(op, ...)`` and ``explain``. Argument names and shapes
 are the reference's:
 
     x [b, H, P], dt [b, H] (raw, before softplus and dt_bias), A / D / dt_bias [H],
     B / C [b, G, N], z [b, H, P] or None (no gate), state_indices [b] int32 (row b uses slot
-    state_indices[b]; negative = padded row: nothing read or written, output 0; None: row b
-    uses slot b). Speculation adds a draft axis T after b. Ops that return an output take
+    state_indices[b]; outside 0..S-1, e.g. negative = padded row: nothing read or written,
+    output 0; None: row b uses slot b). Speculation adds a draft axis T after b. Ops that return an output take
 ``out=`` (a preallocated tensor shaped like x, e.g. a static CUDA-graph buffer).
 
 The Triton path is CUDA-graph capturable (fixed grids, per-sequence flush decisions made
@@ -65,9 +70,9 @@ def _count_replay(rs: Mamba2ReplayState, x, dt, B, C, z, state_indices, route: i
 
 
 # ----------------------------------------------------------------------------- checks
-def _step_checks(op, rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out, check, draft=False):
+def _step_checks(op, backend, rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out, check, draft=False):
     """Host checks of a replay state's op (always) and, in debug mode, its indices; records A."""
-    dims = chk.mamba2_state_dims(op, rs)
+    dims = chk.mamba2_state_dims(op, rs, backend)
     chk.mamba2_inputs(op, dims, rs.cursor.device, x, dt, A, B, C, D, dt_bias, z, state_indices, out, draft)
     if draft:
         chk.window(op, rs, x.shape[1])
@@ -154,7 +159,7 @@ def eager_step(state: torch.Tensor, x, dt, A, B, C, D, dt_bias, z=None, state_in
     y [b, H, P] in x's dtype.
     """
     chk.check_backend(backend)
-    dims = chk.eager_state("eager_step", state, "S H P N")
+    dims = chk.eager_state("eager_step", state, "S H P N", backend)
     chk.mamba2_inputs("eager_step", dims, state.device, x, dt, A, B, C, D, dt_bias, z, state_indices, out)
     if chk.debug(check):
         chk.slots_in_pool("eager_step", "state_indices", state_indices, dims["S"])
@@ -181,7 +186,7 @@ def replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state
     share one cursor tensor and advance it once per step (advance_cursors).
     """
     chk.check_backend(backend)
-    _step_checks("replay_step", rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out, check)
+    _step_checks("replay_step", backend, rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out, check)
     if backend == "reference":
         if not advance_cursor:
             raise ValueError("replay_step: advance_cursor=False needs backend='triton'")
@@ -198,7 +203,7 @@ def advance_cursors(rs: Mamba2ReplayState, batch: int, state_indices=None, *,
                     options: Mamba2Options | None = None) -> None:
     """The per-step cursor move (n + 1 >= K ? 0 : n + 1) of `batch` rows, for callers that
     ran replay_step(..., advance_cursor=False)."""
-    chk.state_tensors("advance_cursors", rs)
+    chk.state_tensors("advance_cursors", rs, "triton")
     a = chk.Args("advance_cursors", rs.cursor.device, b=batch)
     a.indices("state_indices", state_indices)
     chk.batch_fits("advance_cursors", batch, rs.cursor.shape[0], state_indices)
@@ -212,7 +217,7 @@ def flush(rs: Mamba2ReplayState, slots: torch.Tensor | None = None, *, A: torch.
     skipped) into the checkpoint (and refresh the low copy); their cursors return to 0.
     Sequences with cursor 0 are untouched. A [H]: default the one the state remembers."""
     chk.check_backend(backend)
-    chk.mamba2_state_dims("flush", rs)
+    chk.mamba2_state_dims("flush", rs, backend)
     chk.flush_args("flush", rs, slots)
     A = _A("flush", rs, A)
     if chk.debug(check):
@@ -233,7 +238,7 @@ def verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indi
     Drafts are written at buffer rows cursor..cursor+T-1 (L >= K + T, checked); the cursor
     does not move (commit moves it). Returns y [b, T, H, P]."""
     chk.check_backend(backend)
-    _step_checks("verify", rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out, check, draft=True)
+    _step_checks("verify", backend, rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out, check, draft=True)
     rs.draft_window = x.shape[1]
     if backend == "reference":
         return into(out, ref.mamba2_verify(rs, x, dt, A, B, C, D, dt_bias, z, state_indices))
@@ -257,7 +262,7 @@ def commit(rs: Mamba2ReplayState, accepted: torch.Tensor, state_indices=None, *,
     sequences whose cursor reaches K fold all their committed entries into the checkpoint (on
     the device) and return to cursor 0. A [H]: default the one the state remembers."""
     chk.check_backend(backend)
-    chk.mamba2_state_dims("commit", rs)
+    chk.mamba2_state_dims("commit", rs, backend)
     chk.commit_args("commit", rs, accepted, state_indices)
     A = _A("commit", rs, A)
     if chk.debug(check):

@@ -69,8 +69,7 @@ def _count(counter, states, slot_table, start, io_read, io_write) -> None:
 
 def _checks(op, states, slot_table, start, T, check) -> None:
     """slot_table [b, 1 + T] int, start [b] int (host); debug: slots < S, starts in 0..T."""
-    a = chk.Args(op, states.device, b=slot_table.shape[0] if isinstance(slot_table, torch.Tensor) else None, T1=T + 1)
-    a.dims = {k: v for k, v in a.dims.items() if v is not None}
+    a = chk.Args(op, states.device, T1=T + 1)
     a.indices("slot_table", slot_table, "b T1", optional=False)
     a.indices("start", start, "b", optional=False)
     if chk.debug(check):
@@ -84,7 +83,7 @@ def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None,
                   out=None, counter: ByteCounter | None = None, options=None, check: bool | None = None) -> torch.Tensor:
     """Per-draft verification of T tokens (Mamba-2); see the module docstring."""
     check_backend(backend)
-    dims = chk.eager_state("perdraft.mamba2_verify", states, "S H P N")
+    dims = chk.eager_state("perdraft.mamba2_verify", states, "S H P N", backend)
     a = chk.mamba2_inputs("perdraft.mamba2_verify", dims, states.device, x, dt, A, B, C, D, dt_bias, z, None, out,
                           draft=True)
     _checks("perdraft.mamba2_verify", states, slot_table, start, a.dims["T"], check)
@@ -100,7 +99,7 @@ def gdn_verify(states, slot_table, start, q, k, v, g, beta, scale=None, *, backe
                counter: ByteCounter | None = None, options=None, check: bool | None = None) -> torch.Tensor:
     """Per-draft verification of T tokens (GDN); see the module docstring."""
     check_backend(backend)
-    dims = chk.eager_state("perdraft.gdn_verify", states, "S Hv dv dk")
+    dims = chk.eager_state("perdraft.gdn_verify", states, "S Hv dv dk", backend)
     a = chk.gdn_inputs("perdraft.gdn_verify", dims, states.device, q, k, v, g, beta, None, scale, out, draft=True)
     _checks("perdraft.gdn_verify", states, slot_table, start, a.dims["T"], check)
     if backend == "reference":

@@ -23,6 +23,7 @@ from replayssm import gdn as G
 from replayssm import inputs as I
 from replayssm import mamba2 as M
 from replayssm import perdraft as PD
+from replayssm.common import checks as chk
 from replayssm.gdn.options import GDNOptions
 from replayssm.mamba2.options import Mamba2Options
 
@@ -209,6 +210,37 @@ def test_window_and_keywords(fam):
         OPS[fam].flush(rs, a["slots"], "reference")
 
 
+@pytest.mark.parametrize("fam", ["mamba2", "gdn"])
+def test_strided_state_triton_only(fam):
+    """A state with a non-contiguous slot axis (vLLM's page views): the reference takes it, the
+    Triton backend names the tensor."""
+    a, st = base(fam, "replay_step")
+    wide = torch.zeros(2 * S, *st.hi.data.shape[1:], device=DEV)
+    wide[::2] = st.hi.data
+    st.hi.data = wide[::2]
+    run(fam, "replay_step", copy.deepcopy(st), a, "reference")
+    with pytest.raises(ValueError, match="rs.hi"):
+        run(fam, "replay_step", st, a, "triton")
+    with pytest.raises(ValueError, match="state"):
+        run(fam, "eager_step", eager_state(fam).transpose(2, 3), a, "triton")
+
+
+@pytest.mark.parametrize("fam", ["mamba2", "gdn"])
+def test_input_dtype_other_than_the_buffer(fam):
+    """Inputs in fp16 into an fp32-activation state: both backends accept them (the buffered
+    ones stored in the buffer's dtype) and agree."""
+    a, st0 = base(fam, "replay_step")
+    a = {**a, "inp": {k: (v.half() if k in ("x", "z", "B", "C", "q", "k", "v") else v) for k, v in a["inp"].items()}}
+    got = {}
+    for backend in BACKENDS:
+        st = copy.deepcopy(st0)
+        got[backend] = (run(fam, "replay_step", st, a, backend), tensors(st))
+    (yt, st_t), (yr, st_r) = got["triton"], got["reference"]
+    assert yt.dtype == torch.float16 and torch.allclose(yt.float(), yr.float(), rtol=2e-3, atol=2e-3)
+    for k in st_t:
+        assert torch.allclose(st_t[k].double(), st_r[k].double(), rtol=1e-4, atol=1e-5), k
+
+
 # ----------------------------------------------------------------------------- debug rows
 DEBUG = [
     ("index-past-pool", STEP_OPS + ("commit",), arg("state_indices", lambda t, f: idx([2, S])), "state_indices"),
@@ -229,9 +261,14 @@ def test_debug_check(rid, ops, mut, name, fam, backend, monkeypatch):
         with pytest.raises(ValueError, match=name):
             run(fam, op, st, a, backend, check=True)
     monkeypatch.setenv("REPLAYSSM_CHECK", "1")     # the environment switch, for one op
-    a, st = base(fam, ops[0])
-    with pytest.raises(ValueError, match=name):
-        run(fam, ops[0], st, mut(fam, a), backend)
+    try:
+        assert chk.read_env()
+        a, st = base(fam, ops[0])
+        with pytest.raises(ValueError, match=name):
+            run(fam, ops[0], st, mut(fam, a), backend)
+    finally:
+        monkeypatch.delenv("REPLAYSSM_CHECK")
+        chk.read_env()
 
 
 # ----------------------------------------------------------------------------- no-op rows
