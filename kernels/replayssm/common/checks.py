@@ -172,7 +172,8 @@ def accepted_counts(op: str, rs, accepted, state_indices) -> None:
     live = (idx >= 0) & (idx < S)
     n = rs.entries(idx[live].to(rs.cursor.device)).cpu() + a[live]
     if len(n) and int(n.max()) > rs.capacity:
-        fail(op, "accepted", f"<= buffer_len - cursor (buffer_len {rs.capacity})", f"cursor + accepted = {int(n.max())}")
+        fail(op, "accepted", f"<= buffer_len - cursor (buffer_len {rs.capacity})",
+             f"cursor + accepted = {int(n.max())}")
 
 
 def window_fits(op: str, rs, state_indices, batch: int, T: int) -> None:

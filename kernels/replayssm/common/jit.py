@@ -134,7 +134,8 @@ def commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, max_add, BLOCK_B: t
 
 
 @triton.jit
-def list_commit_rows(idx_ptr, n_slots, add_ptr, cur_ptr, lst_ptr, batch, K, max_add, BLOCK_B: tl.constexpr, LAST: tl.constexpr):
+def list_commit_rows(idx_ptr, n_slots, add_ptr, cur_ptr, lst_ptr, batch, K, max_add, BLOCK_B: tl.constexpr,
+                     LAST: tl.constexpr):
     """A speculative commit's cursor move, in one program over the batch (the commit's first
     launch): m = cursor[idx[b]] + add[b] for every live row (idx[b] >= 0, b < batch); the
     cursor becomes 0 where m >= K (the row folds its entries 0..m-1) and m elsewhere; the

@@ -13,7 +13,8 @@ from .jit import (TICKET, CUR_MASK, STALE_BIT, ckpt_load, ckpt_store, folded_til
 
 
 @triton.jit
-def gdn_commit_cursor_kernel(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, max_add, BLOCK_B: tl.constexpr,
+def gdn_commit_cursor_kernel(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, max_add,
+                              BLOCK_B: tl.constexpr,
                               COMPACT: tl.constexpr, GDC: tl.constexpr = False):
     """First launch of a speculative commit, one program: with m = cursor + accepted[b],
     COMPACT: moves the cursors (0 where m >= K: the row flushes; else m) and lists the flushing

@@ -562,7 +562,8 @@ def plan_refresh_lo(rs: GDNReplayState, state_indices, batch: int) -> list[Launc
     idx = _rows_index(state_indices, batch, rs.cursor.device)
     meta = dict(HV=Hv, DV=dv, DK=dk, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(dk), INTERP=interpreting(),
                 num_warps=row.params["num_warps"], **ck_meta)
-    return [Launch(gdn_refresh_lo_kernel, (triton.cdiv(dv, block_v), Hv, batch), [idx, rs.cursor.shape[0], rs.cursor, *ck], meta, row.name),
+    return [Launch(gdn_refresh_lo_kernel, (triton.cdiv(dv, block_v), Hv, batch),
+                   [idx, rs.cursor.shape[0], rs.cursor, *ck], meta, row.name),
             _plan_clear_bits(rs, idx, batch)]
 
 

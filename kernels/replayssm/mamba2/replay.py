@@ -91,7 +91,8 @@ def _step_terms(A, dt_raw, dtb, Bn_raw, dt_i, mask_l, bdt_ptr, bB_ptr, EXACT: tl
 
 
 @triton.jit
-def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, n_slots, A_ptr, dt_ptr, dtb_ptr, B_ptr, cur_ptr, bdt_ptr, N, NL, HPG,
+def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, n_slots, A_ptr, dt_ptr, dtb_ptr, B_ptr, cur_ptr, bdt_ptr,
+                      N, NL, HPG,
                       s_C_b, s_C_g, s_bB_s, s_bB_l, s_bB_g, s_dt_b, s_B_b, s_B_g, s_bdt_s, s_bdt_l,
                       BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_IDX: tl.constexpr, GDC: tl.constexpr = False,
                       COEF: tl.constexpr = False, EXACT: tl.constexpr = False, BLOCK_H: tl.constexpr = 1):
@@ -485,7 +486,8 @@ def plan_replay(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, adva
         bc = state_scratch(rs, "_bc_scratch", numel, x.device).view(torch.float32)
         pdl = pdl_meta(x.device, v["pdl"])
         launches.append(record(_buffer_bc_kernel, (G, bsz), v["row"])(
-            C, rs.B, bc, idx, rs.cursor.shape[0], A, dt, dt_bias, B, rs.cursor, rs.dt, N, min(rs.flush_period, L), H // G,
+            C, rs.B, bc, idx, rs.cursor.shape[0], A, dt, dt_bias, B, rs.cursor, rs.dt, N, min(rs.flush_period, L),
+            H // G,
             C.stride(0), C.stride(1), rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
             dt.stride(0), B.stride(0), B.stride(1), rs.dt.stride(0), rs.dt.stride(1),
             BLOCK_N=block_n, BLOCK_L=bl, HAS_IDX=state_indices is not None, GDC=pdl["GDC"], COEF=coef,

@@ -124,8 +124,8 @@ def _replay_defer_kernel(
     carry LO_STALE (the next buffered step flushes, a verify refreshes the low copy first)."""
     tl.static_assert(BLOCK_P % EP_ROWS == 0, "BLOCK_P: a multiple of EP_ROWS (state.EPOCH_ROWS)")
     EW: tl.constexpr = BLOCK_P // EP_ROWS
-    pid_p, h, b, g, slot, live, offs_p, in_p, offs_n, in_n = _program_tile(idx_ptr, n_slots, P, N, HPG, BLOCK_P, BLOCK_N,
-                                                                           HAS_IDX)
+    pid_p, h, b, g, slot, live, offs_p, in_p, offs_n, in_n = _program_tile(idx_ptr, n_slots, P, N, HPG, BLOCK_P,
+                                                                           BLOCK_N, HAS_IDX)
     z_row = z_ptr + b * s_z_b + h * s_z_h
     y_row = y_ptr + b * s_y_b + h * s_y_h
     if live:
@@ -263,7 +263,8 @@ def plan_route(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: dict):
         meta["maxnreg"] = v["maxnreg"]
     if rk > 1:
         return record(_replay_defer_kernel, grid, v["row"])(
-            x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor.shape[0], rs.cursor, rs.route_epoch, rs.x, rs.B, rs.dt, hi_d, hi_s,
+            x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor.shape[0], rs.cursor, rs.route_epoch, rs.x, rs.B, rs.dt,
+            hi_d, hi_s,
             P, N, H // G, nprog, *strides, RK=rk, EP_ROWS=EPOCH_ROWS, **meta)
     return record(_replay_eager_kernel, grid, v["row"])(
         x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor.shape[0], rs.cursor, rs.x, rs.B, rs.dt, hi_d, hi_s,

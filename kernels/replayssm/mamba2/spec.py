@@ -344,7 +344,8 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
                              x.device).view(torch.float32)
         wait = {"GDC_WAIT": pdl["GDC"], **({"launch_pdl": True} if pdl["GDC"] else {})}
         launches.append(record(_verify_gram_kernel, (G, bsz), row)(
-            B, C, rs.B, gram, idx, rs.cursor.shape[0], L, N, B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1),
+            B, C, rs.B, gram, idx, rs.cursor.shape[0], L, N, B.stride(0), B.stride(1), B.stride(2), C.stride(0),
+            C.stride(1),
             C.stride(2), rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
             T=T, BLOCK_T=block_t, BLOCK_L=bl, BLOCK_N=block_n, HAS_IDX=state_indices is not None,
             BC_PREC=bc_prec, EXACT=interpreting(), GDC=pdl["GDC"], num_warps=1))

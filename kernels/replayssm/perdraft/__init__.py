@@ -80,7 +80,8 @@ def _checks(op, states, slot_table, start, T, check) -> None:
 
 
 def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, *, backend: str = "triton",
-                  out=None, counter: ByteCounter | None = None, options=None, check: bool | None = None) -> torch.Tensor:
+                  out=None, counter: ByteCounter | None = None, options=None,
+                  check: bool | None = None) -> torch.Tensor:
     """Per-draft verification of T tokens (Mamba-2); see the module docstring."""
     check_backend(backend)
     dims = chk.eager_state("perdraft.mamba2_verify", states, "S H P N", backend)

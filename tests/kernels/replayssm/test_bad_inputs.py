@@ -136,6 +136,11 @@ def arg(key, f):
     return lambda fam, a: {**a, key: f(a[key], fam)}
 
 
+def triple(t, fam):
+    """Three times the groups / key heads (they no longer divide the heads)."""
+    return torch.cat([t] * 3, dim=-2)
+
+
 def heads_key(fam):
     return "x" if fam == "mamba2" else "v"
 
@@ -153,10 +158,10 @@ HOST = [
      lambda fam, a: inp("dt" if fam == "mamba2" else "beta", lambda t, f: torch.cat([t, t[:1]]))(fam, a), None),
     ("short-A", ("mamba2",), STEP_OPS, inp("A", lambda t, f: t[:-1]), "A"),
     ("groups-do-not-divide-heads", ("mamba2",), ("eager_step",),
-     lambda fam, a: inp("C", lambda t, f: torch.cat([t] * 3, dim=-2))(fam, inp("B", lambda t, f: torch.cat([t] * 3, dim=-2))(fam, a)),
+     lambda fam, a: inp("C", triple)(fam, inp("B", triple)(fam, a)),
      "groups G"),
     ("key-heads-do-not-divide-value-heads", ("gdn",), ("eager_step",),
-     lambda fam, a: inp("k", lambda t, f: torch.cat([t] * 3, dim=-2))(fam, inp("q", lambda t, f: torch.cat([t] * 3, dim=-2))(fam, a)),
+     lambda fam, a: inp("k", triple)(fam, inp("q", triple)(fam, a)),
      "key heads"),
     ("state-dim-mismatch", ("mamba2", "gdn"), STEP_OPS,
      lambda fam, a: inp("B" if fam == "mamba2" else "k", lambda t, f: torch.cat([t, t], dim=-1))(fam, a), None),
