@@ -46,6 +46,13 @@ def debug(check: bool | None) -> bool:
     return _ENV_ON if check is None else bool(check)
 
 
+def options_of(op: str, options, cls) -> None:
+    """options: None or the family's options class (a TypeError, as the planners raise)."""
+    if options is not None and not isinstance(options, cls):
+        raise TypeError(f"{op}: options must be a {cls.__module__.rsplit('.', 1)[0]}.{cls.__name__} or None; "
+                        f"got {type(options).__name__}")
+
+
 def fail(op: str, arg: str, expected: str, got) -> None:
     raise ValueError(f"{op}: {arg} must be {expected}; got {got}")
 

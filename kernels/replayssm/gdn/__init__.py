@@ -108,7 +108,7 @@ def export_state(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backe
     chk.check_backend(backend)
     chk.state_tensors("export_state", rs)
     chk.flush_args("export_state", rs, slots)
-    return cref.export_state(rs, slots, ref._gdn_fold)
+    return ref.gdn_export_state(rs, slots)
 
 
 def entries(rs: GDNReplayState, slots: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,6 +125,7 @@ def eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, *, sca
     v [b, Hv, dv], g / beta [b, Hv], state_indices [b] or None; scale: q's scale (None:
     dk^-0.5). Returns o [b, Hv, dv] in v's dtype."""
     chk.check_backend(backend)
+    chk.options_of("eager_step", options, GDNOptions)
     dims = chk.eager_state("eager_step", state, "S Hv dv dk", backend)
     chk.gdn_inputs("eager_step", dims, state.device, q, k, v, g, beta, state_indices, scale, out)
     if chk.debug(check):
@@ -145,6 +146,7 @@ def replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, *, sca
     k-th step, reference.gdn_replay_step's `route`). Shapes as eager_step (the state: rs, made
     by allocate). Returns o [b, Hv, dv]."""
     chk.check_backend(backend)
+    chk.options_of("replay_step", options, GDNOptions)
     _step_checks("replay_step", backend, rs, q, k, v, g, beta, state_indices, scale, out, check)
     if backend == "reference":
         return into(out, ref.gdn_replay_step(rs, q, k, v, g, beta, state_indices, scale))
@@ -158,6 +160,7 @@ def flush(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backend: str
     """Fold every committed entry of `slots` [n] (None: all slots; negative or out-of-range:
     skipped; those with cursor 0 are left alone) into the checkpoint."""
     chk.check_backend(backend)
+    chk.options_of("flush", options, GDNOptions)
     chk.gdn_state_dims("flush", rs, backend)
     chk.flush_args("flush", rs, slots)
     if chk.debug(check):
@@ -177,6 +180,7 @@ def verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, *, scale=No
     v [b, T, Hv, dv], g / beta [b, T, Hv]. Drafts are written at cursor..cursor+T-1 (L >= K + T,
     checked); the cursor does not move (commit moves it). Returns o [b, T, Hv, dv]."""
     chk.check_backend(backend)
+    chk.options_of("verify", options, GDNOptions)
     _step_checks("verify", backend, rs, q, k, v, g, beta, state_indices, scale, out, check, draft=True)
     rs.draft_window = v.shape[1]
     if backend == "reference":
@@ -198,6 +202,7 @@ def commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices=None, *, ba
     flush sequences whose cursor reached the flush period; on the triton backend the decision
     is made on the device."""
     chk.check_backend(backend)
+    chk.options_of("commit", options, GDNOptions)
     chk.gdn_state_dims("commit", rs, backend)
     chk.commit_args("commit", rs, accepted, state_indices)
     if chk.debug(check):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..accounting import count_step, flush_rows, flush_slots, gdn_io_bytes, live_rows
-from ..common.reference import advance, commit, decay_weights, expand_groups, l2norm, refresh_stale, write_flushed
+from ..common.reference import (advance, commit, decay_weights, expand_groups, export_state, l2norm, refresh_stale,
+                                write_flushed)
 from ..state import ByteCounter, GDNReplayState, compute_dtype
 
 
@@ -184,6 +185,13 @@ def gdn_flush(rs: GDNReplayState, slots: torch.Tensor | None = None) -> None:
     rs.count(ckpt_read=len(slots) * rs.hi.bytes_per_slot(), buf_read=int(n.sum()) * rs.buffer_row_bytes(),
              ckpt_write=len(slots) * rs.state_bytes_per_slot())
     write_flushed(rs, slots, S)
+
+
+def gdn_export_state(rs: GDNReplayState, slots=None) -> torch.Tensor:
+    """The state after every committed entry of `slots` (None: all): the high checkpoint with
+    the buffer folded in ([b, Hv, dv, dk], fp32 / fp64; 0 for slots outside the pool). Writes
+    nothing."""
+    return export_state(rs, slots, _gdn_fold)
 
 
 def gdn_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None):

@@ -131,15 +131,7 @@ def export_state(rs: Mamba2ReplayState, slots: torch.Tensor | None = None, *, ba
     chk.check_backend(backend)
     chk.state_tensors("export_state", rs)
     chk.flush_args("export_state", rs, slots)
-    H = rs.hi.data.shape[1]
-
-    def fold(r, sl, cd, end):
-        if r.A is None and len(end) and int(end.max()) >= 0:
-            chk.fail("export_state", "rs.A", "known to fold buffered entries (run an op that takes A first)", None)
-        A = r.A if r.A is not None else torch.zeros(H, device=r.cursor.device)
-        X, Bb, dtb = ref._mamba2_buffer(r, sl, cd, H)
-        return ref._mamba2_fold(r.hi.read(sl, cd), X, Bb, dtb, A.to(cd), end)
-    return cref.export_state(rs, slots, fold)
+    return ref.mamba2_export_state(rs, rs.A, slots)
 
 
 def entries(rs: Mamba2ReplayState, slots: torch.Tensor | None = None) -> torch.Tensor:
@@ -159,6 +151,7 @@ def eager_step(state: torch.Tensor, x, dt, A, B, C, D, dt_bias, z=None, state_in
     y [b, H, P] in x's dtype.
     """
     chk.check_backend(backend)
+    chk.options_of("eager_step", options, Mamba2Options)
     dims = chk.eager_state("eager_step", state, "S H P N", backend)
     chk.mamba2_inputs("eager_step", dims, state.device, x, dt, A, B, C, D, dt_bias, z, state_indices, out)
     if chk.debug(check):
@@ -186,6 +179,7 @@ def replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state
     share one cursor tensor and advance it once per step (advance_cursors).
     """
     chk.check_backend(backend)
+    chk.options_of("replay_step", options, Mamba2Options)
     _step_checks("replay_step", backend, rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out, check)
     if backend == "reference":
         if not advance_cursor:
@@ -217,6 +211,7 @@ def flush(rs: Mamba2ReplayState, slots: torch.Tensor | None = None, *, A: torch.
     skipped) into the checkpoint (and refresh the low copy); their cursors return to 0.
     Sequences with cursor 0 are untouched. A [H]: default the one the state remembers."""
     chk.check_backend(backend)
+    chk.options_of("flush", options, Mamba2Options)
     chk.mamba2_state_dims("flush", rs, backend)
     chk.flush_args("flush", rs, slots)
     A = _A("flush", rs, A)
@@ -238,6 +233,7 @@ def verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indi
     Drafts are written at buffer rows cursor..cursor+T-1 (L >= K + T, checked); the cursor
     does not move (commit moves it). Returns y [b, T, H, P]."""
     chk.check_backend(backend)
+    chk.options_of("verify", options, Mamba2Options)
     _step_checks("verify", backend, rs, x, dt, A, B, C, D, dt_bias, z, state_indices, out, check, draft=True)
     rs.draft_window = x.shape[1]
     if backend == "reference":
@@ -262,6 +258,7 @@ def commit(rs: Mamba2ReplayState, accepted: torch.Tensor, state_indices=None, *,
     sequences whose cursor reaches K fold all their committed entries into the checkpoint (on
     the device) and return to cursor 0. A [H]: default the one the state remembers."""
     chk.check_backend(backend)
+    chk.options_of("commit", options, Mamba2Options)
     chk.mamba2_state_dims("commit", rs, backend)
     chk.commit_args("commit", rs, accepted, state_indices)
     A = _A("commit", rs, A)

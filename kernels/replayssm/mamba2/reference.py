@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ..accounting import count_step, flush_rows, flush_slots, live_rows, mamba2_io_bytes
-from ..common.reference import advance, commit, decay_weights, expand_groups, refresh_stale, softplus, write_flushed
+from ..common.reference import (advance, commit, decay_weights, expand_groups, export_state, refresh_stale, softplus,
+                                write_flushed)
 from ..state import ByteCounter, Mamba2ReplayState, compute_dtype
 
 
@@ -126,6 +127,20 @@ def mamba2_flush(rs: Mamba2ReplayState, A, slots: torch.Tensor | None = None) ->
     rs.count(ckpt_read=len(slots) * rs.hi.bytes_per_slot(), buf_read=int(n.sum()) * rs.buffer_row_bytes(),
              ckpt_write=len(slots) * rs.state_bytes_per_slot())
     write_flushed(rs, slots, S)
+
+
+def mamba2_export_state(rs: Mamba2ReplayState, A, slots=None) -> torch.Tensor:
+    """The state after every committed entry of `slots` (None: all): the high checkpoint with
+    the buffer folded in ([b, H, P, N], fp32 / fp64; 0 for slots outside the pool). Writes
+    nothing. A [H] may be None when no slot has entries."""
+    H = rs.x.shape[2]
+
+    def fold(r, sl, cd, end):
+        if A is None and len(end) and int(end.max()) >= 0:
+            raise ValueError("export_state: A (the layer's) is needed to fold buffered entries")
+        a = torch.zeros(H, device=r.cursor.device) if A is None else A
+        return _mamba2_fold(r.hi.read(sl, cd), *_mamba2_buffer(r, sl, cd, H), a.to(cd), end)
+    return export_state(rs, slots, fold)
 
 
 def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None):
