@@ -146,6 +146,17 @@ def window(op: str, rs, T: int) -> None:
         fail(op, "the draft window T", f"<= buffer_len - flush_period = {L} - {K} = {L - K} (L >= K + T)", T)
 
 
+def rows_and_window(op: str, rs, state_indices, batch: int, T: int | None, check) -> None:
+    """A replay op's rows: verify's window on the host (T; None: a step), and in debug mode
+    the indices (in the pool, distinct) and the window's fit behind every cursor."""
+    if T is not None:
+        window(op, rs, T)
+    if debug(check):
+        slots_in_pool(op, "state_indices", state_indices, rs.cursor.shape[0])
+        if T is not None:
+            window_fits(op, rs, state_indices, batch, T)
+
+
 def batch_fits(op: str, batch: int, S: int, state_indices) -> None:
     """Without state_indices row b uses slot b, so the batch must fit the pool."""
     if state_indices is None and batch > S:
@@ -235,22 +246,28 @@ def gdn_inputs(op: str, dims: dict, device, q, k, v, g, beta, state_indices, sca
     return a
 
 
-def mamba2_state_dims(op: str, rs, backend: str) -> dict:
+# a replay state's checkpoint letters and buffers (name, the letters after [S, L])
+_REPLAY = {"mamba2": ("S H P N", (("x", "H P"), ("B", "G N"), ("dt", "H"))),
+           "gdn": ("S Hv dv dk", (("u", "Hv dv"), ("k", "Hk dk"), ("g", "Hv")))}
+
+
+def replay_state_dims(op: str, rs, backend: str, family: str) -> dict:
+    """The sizes a replay state fixes (S and the family's letters; its buffers agree with its
+    checkpoint), after state_tensors."""
     state_tensors(op, rs, backend)
-    S, H, P, N = rs.hi.data.shape
-    if rs.x.shape[2:] != (H, P) or rs.B.shape[3] != N or rs.dt.shape[2:] != (H,):
-        fail(op, "rs (its buffers)", f"x [S, L, {H}, {P}], B [S, L, G, {N}], dt [S, L, {H}]",
-             f"x {list(rs.x.shape)}, B {list(rs.B.shape)}, dt {list(rs.dt.shape)}")
-    return {"S": S, "H": H, "P": P, "N": N, "G": rs.B.shape[2]}
+    letters, buffers = _REPLAY[family]
+    a = Args(op, rs.cursor.device, **dict(zip(letters.split(), rs.hi.data.shape)))
+    for name, dims in buffers:
+        a.tensor(f"rs.{name}", getattr(rs, name), "S L " + dims)
+    return a.dims
+
+
+def mamba2_state_dims(op: str, rs, backend: str) -> dict:
+    return replay_state_dims(op, rs, backend, "mamba2")
 
 
 def gdn_state_dims(op: str, rs, backend: str) -> dict:
-    state_tensors(op, rs, backend)
-    S, Hv, dv, dk = rs.hi.data.shape
-    if rs.u.shape[2:] != (Hv, dv) or rs.k.shape[3] != dk or rs.g.shape[2:] != (Hv,):
-        fail(op, "rs (its buffers)", f"u [S, L, {Hv}, {dv}], k [S, L, Hk, {dk}], g [S, L, {Hv}]",
-             f"u {list(rs.u.shape)}, k {list(rs.k.shape)}, g {list(rs.g.shape)}")
-    return {"S": S, "Hv": Hv, "dv": dv, "dk": dk, "Hk": rs.k.shape[2]}
+    return replay_state_dims(op, rs, backend, "gdn")
 
 
 def eager_state(op: str, state, letters: str, backend: str) -> dict:
@@ -273,6 +290,19 @@ def commit_args(op: str, rs, accepted, state_indices) -> None:
 
 def flush_args(op: str, rs, slots) -> None:
     Args(op, rs.cursor.device).indices("slots", slots, "n")
+
+
+def slot_op(op: str, backend: str, rs, slots, check=None, state=None) -> None:
+    """load_state (state given) / export_state: the backend, the state's tensors, slots [b]
+    (a load: b = state's rows) and, in debug mode, the slots in the pool."""
+    check_backend(backend)
+    state_tensors(op, rs)
+    if state is not None:
+        load_args(op, rs, state, slots)
+    else:
+        flush_args(op, rs, slots)
+    if debug(check):
+        slots_in_pool(op, "slots", slots, rs.cursor.shape[0])
 
 
 def load_args(op: str, rs, state, slots) -> Args:

@@ -67,12 +67,7 @@ def _step_checks(op, backend, rs, q, k, v, g, beta, state_indices, scale, out, c
     """Host checks of a replay state's op (always) and, in debug mode, its indices."""
     dims = chk.gdn_state_dims(op, rs, backend)
     chk.gdn_inputs(op, dims, rs.cursor.device, q, k, v, g, beta, state_indices, scale, out, draft)
-    if draft:
-        chk.window(op, rs, v.shape[1])
-    if chk.debug(check):
-        chk.slots_in_pool(op, "state_indices", state_indices, dims["S"])
-        if draft:
-            chk.window_fits(op, rs, state_indices, v.shape[0], v.shape[1])
+    chk.rows_and_window(op, rs, state_indices, v.shape[0], v.shape[1] if draft else None, check)
 
 
 # ----------------------------------------------------------------------------- state
@@ -92,11 +87,7 @@ def load_state(rs: GDNReplayState, state: torch.Tensor, slots: torch.Tensor | No
     (any float dtype; quantised to the checkpoint's storage, both copies in dual mode) and drop
     their buffered entries (cursor 0). A negative or out-of-range slot skips its row. Same on
     both backends (plain tensor writes)."""
-    chk.check_backend(backend)
-    chk.state_tensors("load_state", rs)
-    chk.load_args("load_state", rs, state, slots)
-    if chk.debug(check):
-        chk.slots_in_pool("load_state", "slots", slots, rs.cursor.shape[0])
+    chk.slot_op("load_state", backend, rs, slots, check, state)
     cref.load_state(rs, state, slots)
 
 
@@ -105,9 +96,7 @@ def export_state(rs: GDNReplayState, slots: torch.Tensor | None = None, *, backe
     eager step would hold it: [b, Hv, dv, dk] float32 (float64 for a float64 state), the buffer
     folded into the high checkpoint, nothing written. Negative / out-of-range slots give 0.
     Reads entries on the host (not for graph capture)."""
-    chk.check_backend(backend)
-    chk.state_tensors("export_state", rs)
-    chk.flush_args("export_state", rs, slots)
+    chk.slot_op("export_state", backend, rs, slots)
     return ref.gdn_export_state(rs, slots)
 
 

@@ -74,12 +74,7 @@ def _step_checks(op, backend, rs, x, dt, A, B, C, D, dt_bias, z, state_indices, 
     """Host checks of a replay state's op (always) and, in debug mode, its indices; records A."""
     dims = chk.mamba2_state_dims(op, rs, backend)
     chk.mamba2_inputs(op, dims, rs.cursor.device, x, dt, A, B, C, D, dt_bias, z, state_indices, out, draft)
-    if draft:
-        chk.window(op, rs, x.shape[1])
-    if chk.debug(check):
-        chk.slots_in_pool(op, "state_indices", state_indices, dims["S"])
-        if draft:
-            chk.window_fits(op, rs, state_indices, x.shape[0], x.shape[1])
+    chk.rows_and_window(op, rs, state_indices, x.shape[0], x.shape[1] if draft else None, check)
     rs.A = A
 
 
@@ -112,11 +107,7 @@ def load_state(rs: Mamba2ReplayState, state: torch.Tensor, slots: torch.Tensor |
     (any float dtype; quantised to the checkpoint's storage, both copies in dual mode) and drop
     their buffered entries (cursor 0). A negative or out-of-range slot skips its row. Same
     on both backends (plain tensor writes)."""
-    chk.check_backend(backend)
-    chk.state_tensors("load_state", rs)
-    chk.load_args("load_state", rs, state, slots)
-    if chk.debug(check):
-        chk.slots_in_pool("load_state", "slots", slots, rs.cursor.shape[0])
+    chk.slot_op("load_state", backend, rs, slots, check, state)
     if A is not None:
         _A("load_state", rs, A)
     cref.load_state(rs, state, slots)
@@ -128,9 +119,7 @@ def export_state(rs: Mamba2ReplayState, slots: torch.Tensor | None = None, *, ba
     eager step would hold it: [b, H, P, N] float32 (float64 for a float64 state), the buffer
     folded into the high checkpoint, nothing written. Negative / out-of-range slots give 0.
     Reads entries on the host (not for graph capture)."""
-    chk.check_backend(backend)
-    chk.state_tensors("export_state", rs)
-    chk.flush_args("export_state", rs, slots)
+    chk.slot_op("export_state", backend, rs, slots)
     return ref.mamba2_export_state(rs, rs.A, slots)
 
 
