@@ -92,7 +92,7 @@ class Layer:
     """One layer's state for a method of ours, plus its step function (reference or Triton)."""
 
     def __init__(self, op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype,
-                 device, gen, act=torch.bfloat16, options=None):
+                 device, gen, act=torch.bfloat16, options=None, spec_window: int = 0):
         self.op, self.method, self.backend = op, method, backend
         # the family's frozen options (replayssm.<family>.options; None: what ships), which
         # `replaybench tune` sets to time a variant of the launch table
@@ -108,11 +108,12 @@ class Layer:
         lo = None if lo_dtype == "none" else lo_dtype
         if op == "mamba2":
             self.rs = Mamba2ReplayState.allocate(batch, dims.nheads, dims.head_dim, dims.d_state, dims.n_groups,
-                                                 buffer_len, flush_period, mode, state_dtype, lo, act, device)
+                                                 buffer_len, flush_period, mode, state_dtype, lo, act, device,
+                                                 spec_window=spec_window)
         else:
             self.rs = GDNReplayState.allocate(batch, dims.num_k_heads, dims.num_v_heads, dims.head_k_dim,
                                               dims.head_v_dim, buffer_len, flush_period, mode, state_dtype, lo,
-                                              act, device)
+                                              act, device, spec_window=spec_window)
         init = random_state(batch, heads, rows, cols, torch.float32, device, device_gen(gen, device))
         family(op).load_state(self.rs, init)
         dg = device_gen(gen, device)
