@@ -30,13 +30,17 @@ class ByteCounter:
             setattr(self, f, 0)
 
 
-def live_rows(state_indices: torch.Tensor | None, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, slots): batch rows that are not padding and the slots they address."""
+def live_rows(state_indices: torch.Tensor | None, batch: int, device, pool: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, slots): batch rows that are not padding and the slots they address. An index
+    outside 0 <= idx < pool (the state's slots; None: no upper bound) is padding too: the
+    no-op row the kernels make of it."""
     if state_indices is None:
         rows = torch.arange(batch, device=device)
         return rows, rows
     idx = state_indices.to(device=device, dtype=torch.long)
-    rows = torch.nonzero(idx >= 0).flatten()
+    ok = idx >= 0 if pool is None else (idx >= 0) & (idx < pool)
+    rows = torch.nonzero(ok).flatten()
     return rows, idx[rows]
 
 
@@ -80,7 +84,8 @@ def flush_slots(rs, slots):
     """The slots a flush folds: entries pending, or a stale low copy to refresh."""
     if slots is None:
         slots = torch.arange(rs.cursor.shape[0], device=rs.cursor.device)
-    slots = slots.to(torch.long)
+    slots = slots.to(device=rs.cursor.device, dtype=torch.long)
+    slots = slots[(slots >= 0) & (slots < rs.cursor.shape[0])]   # negative or past the pool: skipped
     return slots[rs.cursor[slots] != 0]
 
 
@@ -97,16 +102,20 @@ def count_refresh(rs, nstale: int) -> None:
         rs.count(ckpt_read=nstale * rs.hi.bytes_per_slot(), ckpt_write=nstale * rs.lo.bytes_per_slot())
 
 
-def perdraft_rows(slot_table: torch.Tensor, start: torch.Tensor):
-    """(live rows, their start slots, destination slots [rows, T]) of a per-draft round."""
+def perdraft_rows(slot_table: torch.Tensor, start: torch.Tensor, pool: int | None = None):
+    """(live rows, their start slots, destination slots [rows, T]) of a per-draft round; slots
+    outside 0..pool-1 are padding (a start) or skipped (a destination)."""
     T = slot_table.shape[1] - 1
     tbl = slot_table.to(torch.long)
     st = start.to(device=tbl.device, dtype=torch.long)
-    if st.numel() and (int(st.min()) < 0 or int(st.max()) > T):
-        raise ValueError(f"start columns must be in 0..{T}")
+    okc = (st >= 0) & (st <= T)          # a start column outside 0..T: a padded row, as the kernels make it
+    st = torch.where(okc, st, torch.zeros_like(st))
     src = tbl.gather(1, st[:, None])[:, 0]
-    rows = torch.nonzero(src >= 0).flatten()
+    ok = okc & (src >= 0) if pool is None else okc & (src >= 0) & (src < pool)
+    rows = torch.nonzero(ok).flatten()
     dst = tbl.gather(1, perdraft_columns(st, T))
+    if pool is not None:
+        dst = torch.where(dst < pool, dst, torch.full_like(dst, -1))   # past the pool: skipped
     return rows, src[rows], dst[rows]
 
 

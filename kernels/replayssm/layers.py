@@ -186,10 +186,7 @@ class DecodeLayer:
             if self.rs is None:
                 self.state.copy_(ssm_state.to(self.state.dtype))
             else:
-                self.rs.hi.write(self._rows, ssm_state)
-                if self.rs.lo is not None:
-                    self.rs.lo.write(self._rows, ssm_state)
-                self.rs.cursor.zero_()
+                self._triton_module().load_state(self.rs, ssm_state, self._rows)   # (plain tensor writes)
         if conv_state is not None:
             self.conv_state[:self.slots] = conv_state.to(self.dtype)
 
@@ -376,7 +373,7 @@ class Mamba2DecodeLayer(DecodeLayer):
         R.mamba2_flush(self.rs, self.A)
 
     def _ops_flush(self):
-        self._ops.flush(self.rs, self.A, backend=self.backend, options=self.options)
+        self._ops.flush(self.rs, A=self.A, backend=self.backend, options=self.options)
 
     def _fill_buffer_gates(self, g):
         self.rs.dt.copy_(0.01 + 0.2 * torch.rand(self.rs.dt.shape, generator=g, device=self.device))

@@ -39,9 +39,9 @@ from __future__ import annotations
 from .accounting import (count_flush_write, count_perdraft, count_refresh, count_step, flush_rows,  # noqa: F401
                          flush_slots, gdn_io_bytes, live_rows, mamba2_io_bytes, perdraft_columns, perdraft_rows)
 from .common.reference import (L2_EPS, SOFTPLUS_THRESHOLD, advance, commit, decay_weights,  # noqa: F401
-                               expand_groups, l2norm, refresh_stale, softplus, write_flushed)
-from .mamba2.reference import (mamba2_commit, mamba2_eager_step, mamba2_flush, mamba2_replay_step,  # noqa: F401
-                               mamba2_verify)
-from .gdn.reference import (gdn_commit, gdn_eager_step, gdn_flush, gdn_prep, gdn_rederive_u,  # noqa: F401
-                            gdn_replay_step, gdn_scale, gdn_verify)
+                               expand_groups, l2norm, load_state, refresh_stale, softplus, write_flushed)
+from .mamba2.reference import (mamba2_commit, mamba2_eager_step, mamba2_export_state, mamba2_flush,  # noqa: F401
+                               mamba2_replay_step, mamba2_verify)
+from .gdn.reference import (gdn_commit, gdn_eager_step, gdn_export_state, gdn_flush, gdn_prep,  # noqa: F401
+                            gdn_rederive_u, gdn_replay_step, gdn_scale, gdn_verify)
 from .perdraft.reference import gdn_verify_perdraft, mamba2_verify_perdraft, perdraft_advance  # noqa: F401

@@ -165,6 +165,10 @@ class ReplayStateBase:
     # a deferred small-batch route step (period >= 2) has run: cursor words may carry its epoch
     # bits, which the Triton verify does not mask: it clears them first (host-side, as routed)
     deferred: bool = field(default=False)
+    # the draft window T the state was allocated for (0: no speculation; L >= K + T checked
+    # at allocate) and the T of the last verify (commit's debug check: accepted <= T)
+    spec_window: int = field(default=0)
+    draft_window: int = field(default=0)
 
     def entries(self, slots=None) -> torch.Tensor:
         """Committed entries n [len(slots)] (long) of `slots` (default: all), the LO_STALE bit masked."""
@@ -223,6 +227,9 @@ class Mamba2ReplayState(ReplayStateBase):
     B: torch.Tensor = None
     dt: torch.Tensor = None
     route_epoch: torch.Tensor | None = None
+    # the layer's A [H], remembered from the last replay_step / verify / load_state (or given
+    # to allocate) so that flush and commit need no model parameter, as GDN's do not
+    A: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
@@ -234,8 +241,11 @@ class Mamba2ReplayState(ReplayStateBase):
     @classmethod
     def allocate(cls, slots: int, nheads: int, head_dim: int, d_state: int, n_groups: int,
                  buffer_len: int, flush_period: int, mode: str = "replay", state_dtype="float32",
-                 lo_dtype=None, act_dtype=torch.bfloat16, device="cpu", counter=None) -> "Mamba2ReplayState":
-        check_periods(buffer_len, flush_period)
+                 lo_dtype=None, act_dtype=torch.bfloat16, device="cpu", counter=None, *, spec_window: int = 0,
+                 A: torch.Tensor | None = None) -> "Mamba2ReplayState":
+        """A zeroed state of `slots` sequences. spec_window: the draft window T verify will
+        use (0: none); buffer_len >= flush_period + spec_window is checked here."""
+        check_periods(buffer_len, flush_period, spec_window)
         hi, lo = make_checkpoints(mode, state_dtype, lo_dtype, slots, nheads, head_dim, d_state, device)
         act = dtype_of(act_dtype)
         dt_dtype = torch.float64 if act == torch.float64 else torch.float32
@@ -245,7 +255,7 @@ class Mamba2ReplayState(ReplayStateBase):
                    B=torch.zeros(slots, buffer_len, n_groups, d_state, dtype=act, device=device),
                    dt=torch.zeros(slots, buffer_len, nheads, dtype=dt_dtype, device=device),
                    route_epoch=torch.zeros(slots, nheads, -(-head_dim // EPOCH_ROWS), dtype=torch.int8,
-                                           device=device))
+                                           device=device), spec_window=spec_window, A=A)
 
 
 @dataclass
@@ -280,8 +290,11 @@ class GDNReplayState(ReplayStateBase):
     @classmethod
     def allocate(cls, slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
                  buffer_len: int, flush_period: int, mode: str = "replay", state_dtype="float32",
-                 lo_dtype=None, act_dtype=torch.bfloat16, device="cpu", counter=None) -> "GDNReplayState":
-        check_periods(buffer_len, flush_period)
+                 lo_dtype=None, act_dtype=torch.bfloat16, device="cpu", counter=None, *,
+                 spec_window: int = 0) -> "GDNReplayState":
+        """A zeroed state of `slots` sequences. spec_window: the draft window T verify will
+        use (0: none); buffer_len >= flush_period + spec_window is checked here."""
+        check_periods(buffer_len, flush_period, spec_window)
         if num_v_heads % num_k_heads:
             raise ValueError(f"num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
         hi, lo = make_checkpoints(mode, state_dtype, lo_dtype, slots, num_v_heads, head_v_dim, head_k_dim, device)
@@ -296,11 +309,14 @@ class GDNReplayState(ReplayStateBase):
                    g=z(slots, buffer_len, num_v_heads, dtype=f),
                    v=z(slots, buffer_len, num_v_heads, head_v_dim, dtype=act) if dual else None,
                    beta=z(slots, buffer_len, num_v_heads, dtype=f) if dual else None,
-                   route_epoch=z(slots, num_v_heads, -(-head_v_dim // EPOCH_ROWS), dtype=torch.int8))
+                   route_epoch=z(slots, num_v_heads, -(-head_v_dim // EPOCH_ROWS), dtype=torch.int8),
+                   spec_window=spec_window)
 
 
 def check_periods(buffer_len: int, flush_period: int, spec_window: int = 0) -> None:
     """Validate K <= L (and K + T <= L when speculating)."""
+    if spec_window < 0:
+        raise ValueError(f"spec_window must be >= 0; got {spec_window}")
     if buffer_len < 1 or flush_period < 1:
         raise ValueError(f"buffer_len ({buffer_len}) and flush_period ({flush_period}) must be >= 1")
     if buffer_len > CURSOR_MASK:

@@ -34,6 +34,12 @@ def check_tol(case) -> float:
     return CHECK_TOL.get(case.lo_dtype if case.lo_dtype != "none" else case.state_dtype, 3e-2)
 
 
+def family(op: str):
+    """The public op module of a family (replayssm.mamba2 / replayssm.gdn)."""
+    import importlib
+    return importlib.import_module(f"replayssm.{op}")
+
+
 def ops(op: str, backend: str):
     """The public op module for a family, or None for the reference backend."""
     if backend == "reference":
@@ -86,7 +92,7 @@ class Layer:
     """One layer's state for a method of ours, plus its step function (reference or Triton)."""
 
     def __init__(self, op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype,
-                 device, gen, act=torch.bfloat16, options=None):
+                 device, gen, act=torch.bfloat16, options=None, spec_window: int = 0):
         self.op, self.method, self.backend = op, method, backend
         # the family's frozen options (replayssm.<family>.options; None: what ships), which
         # `replaybench tune` sets to time a variant of the launch table
@@ -102,16 +108,14 @@ class Layer:
         lo = None if lo_dtype == "none" else lo_dtype
         if op == "mamba2":
             self.rs = Mamba2ReplayState.allocate(batch, dims.nheads, dims.head_dim, dims.d_state, dims.n_groups,
-                                                 buffer_len, flush_period, mode, state_dtype, lo, act, device)
+                                                 buffer_len, flush_period, mode, state_dtype, lo, act, device,
+                                                 spec_window=spec_window)
         else:
             self.rs = GDNReplayState.allocate(batch, dims.num_k_heads, dims.num_v_heads, dims.head_k_dim,
                                               dims.head_v_dim, buffer_len, flush_period, mode, state_dtype, lo,
-                                              act, device)
+                                              act, device, spec_window=spec_window)
         init = random_state(batch, heads, rows, cols, torch.float32, device, device_gen(gen, device))
-        all_slots = torch.arange(batch, device=device)
-        self.rs.hi.write(all_slots, init)
-        if self.rs.lo is not None:
-            self.rs.lo.write(all_slots, init)
+        family(op).load_state(self.rs, init)
         dg = device_gen(gen, device)
         rnd = lambda t: torch.randn(t.shape, generator=dg, device=device)  # noqa: E731
         uni = lambda t: torch.rand(t.shape, generator=dg, device=device)  # noqa: E731

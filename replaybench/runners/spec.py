@@ -54,18 +54,18 @@ class ReplaySpecLayer:
     cursors); a round is verify + commit."""
 
     def __init__(self, op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype, device,
-                 gen, options=None):
+                 gen, options=None, spec_window: int = 0):
         self.op, self.backend = op, backend
         self.kw = {} if options is None else {"options": options}     # the family's options (tune)
         self.rs = Layer(op, dims, method, backend, batch, buffer_len, flush_period, state_dtype, lo_dtype,
-                        device, gen).rs
+                        device, gen, spec_window=spec_window).rs      # L >= K + T checked at allocate
 
     def round(self, inp, params, idx, accepted, out=None, counter: ByteCounter | None = None):
         self.rs.counter = counter
         try:
             if self.op == "mamba2":
                 y = M.verify(self.rs, **inp, **params, state_indices=idx, backend=self.backend, out=out, **self.kw)
-                M.commit(self.rs, params["A"], accepted, state_indices=idx, backend=self.backend, **self.kw)
+                M.commit(self.rs, accepted, state_indices=idx, backend=self.backend, **self.kw)
             else:
                 y = G.verify(self.rs, **inp, state_indices=idx, backend=self.backend, out=out, **self.kw)
                 G.commit(self.rs, accepted, state_indices=idx, backend=self.backend, **self.kw)
@@ -107,7 +107,7 @@ class _Spec:
         op, dims = model.op, model.ssm
         if case.method in REPLAY_METHODS:
             self.layers = [ReplaySpecLayer(op, dims, case.method, backend, batch, case.buffer_len, case.flush_period,
-                                           case.state_dtype, case.lo_dtype, device, gen, options)
+                                           case.state_dtype, case.lo_dtype, device, gen, options, self.T)
                            for _ in range(nl)]
         else:
             self.layers = [PerdraftSpecLayer(op, dims, backend, batch, self.T, case.state_dtype, device, gen)

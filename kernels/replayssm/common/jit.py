@@ -101,7 +101,7 @@ def gdc_release(GDC: tl.constexpr):
 
 
 @triton.jit
-def clear_lo_stale_kernel(idx_ptr, cur_ptr, batch, HAS_IDX: tl.constexpr, BLOCK_B: tl.constexpr):
+def clear_lo_stale_kernel(idx_ptr, n_slots, cur_ptr, batch, HAS_IDX: tl.constexpr, BLOCK_B: tl.constexpr):
     """One program: clear the LO_STALE bit (replayssm.state) of the cursor words of batch rows
     b < batch (slot idx[b], negative: padded; without HAS_IDX slot b), after a refresh launch
     has rewritten their stale low copies (a launch apart: no program of that one may store the
@@ -111,33 +111,37 @@ def clear_lo_stale_kernel(idx_ptr, cur_ptr, batch, HAS_IDX: tl.constexpr, BLOCK_
         slot = tl.load(idx_ptr + bb, mask=bb < batch, other=-1)
     else:
         slot = tl.where(bb < batch, bb, -1)
-    live = slot >= 0
-    ptr = cur_ptr + tl.maximum(slot, 0)
+    live = (slot >= 0) & (slot < n_slots)
+    ptr = cur_ptr + tl.where(live, slot, 0)
     tl.store(ptr, tl.load(ptr, mask=live, other=0) & _CURSOR_MASK, mask=live)
 
 
 @triton.jit
-def commit_counts(idx_ptr, add_ptr, cur_ptr, batch, BLOCK_B: tl.constexpr):
+def commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, max_add, BLOCK_B: tl.constexpr):
     """Per batch row b < BLOCK_B of a commit: (b, slot = idx[b] (-1 past batch), live =
-    slot >= 0, m = cursor[slot] + add[b], 0 for rows not live). The cursor word's LO_STALE bit
+    0 <= slot < n_slots (else a no-op row), m = cursor[slot] + add[b], 0 for rows not live).
+    add[b] is clamped to 0..max_add (L - K: a cursor below K then stays below L, whatever a
+    caller passes). The cursor word's LO_STALE bit
     (replayssm.state) is masked off (the verify before a commit has cleared it, refreshing the
     low copy)."""
     bb = tl.arange(0, BLOCK_B)
     slot = tl.load(idx_ptr + bb, mask=bb < batch, other=-1)
-    live = slot >= 0
-    m = tl.load(cur_ptr + tl.maximum(slot, 0), mask=live, other=0) & _CURSOR_MASK
-    m += tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32)
+    live = (slot >= 0) & (slot < n_slots)
+    slot = tl.where(live, slot, 0)
+    m = tl.load(cur_ptr + slot, mask=live, other=0) & _CURSOR_MASK
+    m += tl.minimum(tl.maximum(tl.load(add_ptr + bb, mask=live, other=0).to(tl.int32), 0), max_add)
     return bb, slot, live, m
 
 
 @triton.jit
-def list_commit_rows(idx_ptr, add_ptr, cur_ptr, lst_ptr, batch, K, BLOCK_B: tl.constexpr, LAST: tl.constexpr):
+def list_commit_rows(idx_ptr, n_slots, add_ptr, cur_ptr, lst_ptr, batch, K, max_add, BLOCK_B: tl.constexpr,
+                     LAST: tl.constexpr):
     """A speculative commit's cursor move, in one program over the batch (the commit's first
     launch): m = cursor[idx[b]] + add[b] for every live row (idx[b] >= 0, b < batch); the
     cursor becomes 0 where m >= K (the row folds its entries 0..m-1) and m elsewhere; the
     folding rows are listed as lst[rank] = (b << 16) | (m - 1 if LAST else m) at ranks
     0, 1, ... (m <= L < 2^16, b < 2^15) and their count stored at lst[batch]."""
-    bb, slot, live, m = commit_counts(idx_ptr, add_ptr, cur_ptr, batch, BLOCK_B)
+    bb, slot, live, m = commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, max_add, BLOCK_B)
     fl = live & (m >= K)
     tl.store(cur_ptr + slot, tl.where(fl, 0, m), mask=live)
     rank = tl.cumsum(fl.to(tl.int32), 0) - 1

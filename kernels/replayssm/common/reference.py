@@ -85,8 +85,38 @@ def refresh_stale(rs, slots, cd) -> None:
 def commit(rs, accepted: torch.Tensor, state_indices=None, flush=None) -> None:
     """Accept `accepted[b]` (0..T) drafts per row: a cursor move; then flush sequences whose
     cursor reached the flush period. `flush(rs, slots)` folds entries (family-specific)."""
-    rows, slots = live_rows(state_indices, accepted.shape[0], accepted.device)
-    rs.cursor[slots] = (rs.entries(slots) + accepted[rows].long()).to(torch.int32)
+    rows, slots = live_rows(state_indices, accepted.shape[0], accepted.device, rs.cursor.shape[0])
+    add = accepted[rows].long().clamp(0, rs.capacity - rs.flush_period)   # as the kernels: the cursor stays < L
+    rs.cursor[slots] = (rs.entries(slots) + add).to(torch.int32)
     due = slots[rs.cursor[slots] >= rs.flush_period]
     if len(due):
         flush(rs, due)
+
+
+def load_state(rs, state: torch.Tensor, slots=None) -> None:
+    """Write `state` [b, heads, rows, cols] (any float dtype) as the checkpoint of `slots` [b]
+    (None: slot b for row b; negative or past the pool: row skipped), both copies in dual
+    mode, quantised to their storage; the slots' buffered entries are dropped (cursor 0)."""
+    rows, sl = live_rows(slots, state.shape[0], rs.cursor.device, rs.cursor.shape[0])
+    if len(rows) == 0:
+        return
+    st = state.to(rs.cursor.device)[rows]
+    rs.hi.write(sl, st)
+    if rs.lo is not None:
+        rs.lo.write(sl, st)
+    rs.cursor[sl] = 0
+
+
+def export_state(rs, slots, fold) -> torch.Tensor:
+    """The recurrent state of `slots` [b] (None: every slot) after every committed entry:
+    the high checkpoint with the buffer folded in (`fold(rs, slots, cd, end)`, nothing
+    written), [b, heads, rows, cols] in float32 (float64 for a float64 state); rows whose slot
+    is negative or past the pool are 0."""
+    S = rs.cursor.shape[0]
+    idx = torch.arange(S, device=rs.cursor.device) if slots is None else slots
+    rows, sl = live_rows(idx, idx.shape[0], rs.cursor.device, S)
+    cd = torch.float64 if rs.hi.data.dtype == torch.float64 else torch.float32
+    out = torch.zeros(idx.shape[0], *rs.hi.data.shape[1:], dtype=cd, device=rs.cursor.device)
+    if len(rows):
+        out[rows] = fold(rs, sl, cd, rs.entries(sl) - 1)
+    return out

@@ -11,7 +11,7 @@ from .jit import EVICT_FIRST, tile_at, eager_inputs, eager_update
 
 @triton.jit
 def gdn_eager_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, s_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, n_slots, s_ptr,
     sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
     scale,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
@@ -35,6 +35,7 @@ def gdn_eager_kernel(
     cmask = cols < DK
     o_ptrs = o_ptr + b * sob + h * soh + rows
     slot = tl.load(idx_ptr + b)
+    slot = tl.where(slot < n_slots, slot, -1)      # past the pool: a no-op row, as padding
     if slot < 0:
         for t in tl.static_range(TILES):
             tl.store(o_ptrs + t * BLOCK_V, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP),

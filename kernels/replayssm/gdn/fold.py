@@ -13,7 +13,8 @@ from .jit import (TICKET, CUR_MASK, STALE_BIT, ckpt_load, ckpt_store, folded_til
 
 
 @triton.jit
-def gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B: tl.constexpr,
+def gdn_commit_cursor_kernel(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, max_add,
+                              BLOCK_B: tl.constexpr,
                               COMPACT: tl.constexpr, GDC: tl.constexpr = False):
     """First launch of a speculative commit, one program: with m = cursor + accepted[b],
     COMPACT: moves the cursors (0 where m >= K: the row flushes; else m) and lists the flushing
@@ -29,9 +30,9 @@ def gdn_commit_cursor_kernel(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_pe
     gdc_wait_prior(GDC)
     gdc_release(GDC)
     if COMPACT:
-        list_commit_rows(idx_ptr, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, BLOCK_B, True)
+        list_commit_rows(idx_ptr, n_slots, add_ptr, cur_ptr, nxt_ptr, batch, flush_period, max_add, BLOCK_B, True)
     else:
-        bb, _, live, m = commit_counts(idx_ptr, add_ptr, cur_ptr, batch, BLOCK_B)
+        bb, _, live, m = commit_counts(idx_ptr, n_slots, add_ptr, cur_ptr, batch, max_add, BLOCK_B)
         tl.store(nxt_ptr + bb, tl.where(live, m - 1, -1), mask=bb < batch)
 
 
@@ -137,7 +138,7 @@ def gdn_commit_balanced_kernel(
 
 
 @triton.jit
-def gdn_refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+def gdn_refresh_lo_kernel(idx_ptr, n_slots, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
                            HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr,
                            BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                            HI_FP8: tl.constexpr, LO_FP8: tl.constexpr, INTERP: tl.constexpr):
@@ -148,6 +149,7 @@ def gdn_refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr
     yet), so the verify reads plain counts."""
     b = tl.program_id(2)
     slot = tl.load(idx_ptr + b)
+    slot = tl.where(slot < n_slots, slot, -1)      # past the pool: a no-op row, as padding
     if slot >= 0:
         slot64 = slot.to(tl.int64)
         if (tl.load(cur_ptr + slot64) & STALE_BIT) != 0:
@@ -163,7 +165,7 @@ def gdn_refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr
 
 @triton.jit
 def gdn_fold_kernel(
-    idx_ptr, add_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
+    idx_ptr, n_slots, add_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
     threshold, nprog,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
@@ -188,6 +190,7 @@ def gdn_fold_kernel(
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
     slot = tl.load(idx_ptr + b)
+    slot = tl.where(slot < n_slots, slot, -1)      # past the pool: a no-op row, as padding
     if slot >= 0:
         slot64 = slot.to(tl.int64)
         # ticket read of the cursor (module docstring): low bits cursor, high bits programs so far
@@ -195,7 +198,7 @@ def gdn_fold_kernel(
         n = old & CUR_MASK
         last = (old >> 16) == nprog - 1
         if HAS_ADD:
-            n = n + tl.load(add_ptr + b).to(tl.int32)
+            n = n + tl.minimum(tl.maximum(tl.load(add_ptr + b).to(tl.int32), 0), L - threshold)
             do_fold = n >= threshold
         elif DUAL:
             do_fold = (n >= threshold) | ((old & STALE_BIT) != 0)

@@ -111,7 +111,7 @@ def plan_eager(state, q, k, v, g, beta, state_indices, scale, o, opt: GDNOptions
     if tiles not in (1, 2):
         raise ValueError(f"config TILES={tiles}: allowed 1, 2")
     grid = (triton.cdiv(dv, cfg["BLOCK_V"] * tiles), Hv, batch)
-    args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), state,
+    args = [q, k, v, g, beta, o, _rows_index(state_indices, batch, v.device), state.shape[0], state,
             *_strides(q, k, v, g, beta, o, dims=2), scale]
     meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, TILES=tiles)
     _launch_options(meta, cfg)
@@ -191,7 +191,7 @@ def plan_replay(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, o
         else:
             words = rd.view(torch.int32) if pk > 1 else rd
             descs = tma_rows(words, dk // pk, [(rm["BLOCK_R"], cfg["BLOCK_K"] // pk)], "TMA", asked)
-    args = [q, k, v, g, beta, o, idx, *ck, *buf, rs.cursor, nxt, descs[0] if descs else rd,
+    args = [q, k, v, g, beta, o, idx, rs.cursor.shape[0], *ck, *buf, rs.cursor, nxt, descs[0] if descs else rd,
             *_strides(q, k, v, g, beta, o, dims=2), scale, rs.flush_period, nprog]
     (rd_lpr, rd_ls), (hi_lpr, hi_ls) = cache_lines(rd, dk), cache_lines(rs.hi.data, dk)
     u_lpr = triton.next_power_of_2(triton.cdiv(rm["BLOCK_R"] * rs.u.element_size(), 128))
@@ -337,7 +337,7 @@ def _plan_replay_eager(rs: GDNReplayState, q, k, v, g, beta, state_indices, scal
     rs.routed = rs.routed or dual     # its low copies may go stale: verify refreshes them first
     rs.deferred = rs.deferred or rk > 1     # its cursor words carry epochs: verify clears them first
     idx = _rows_index(state_indices, batch, v.device)
-    head = [q, k, v, g, beta, o, idx, ck[0], rs.cursor] + ([rs.route_epoch] if rk > 1 else [])
+    head = [q, k, v, g, beta, o, idx, rs.cursor.shape[0], ck[0], rs.cursor] + ([rs.route_epoch] if rk > 1 else [])
     args = [*head, *_strides(q, k, v, g, beta, o, dims=2), scale, grid[0] * Hv, ck[1], *buf]
     meta = _common_meta(cfg, HV=Hv, HK=Hk, DK=dk, DV=dv, L=rs.capacity, DUAL=dual, HI_FP8=ck_meta["HI_FP8"])
     _launch_options(meta, cfg)
@@ -363,7 +363,7 @@ def plan_fold(rs: GDNReplayState, idx, add, threshold: int, opt: GDNOptions, con
     _check_rs(rs, nt * Hv)
     ck, ck_meta = _hi_lo_args(rs)
     buf, dual = _buffer_args(rs)
-    args = [idx, idx if add is None else add, *ck, *buf, rs.cursor, threshold, nt * Hv]
+    args = [idx, rs.cursor.shape[0], idx if add is None else add, *ck, *buf, rs.cursor, threshold, nt * Hv]
     meta = _common_meta(cfg, HV=Hv, HK=rs.k.shape[2], DK=dk, DV=dv, L=L, HAS_ADD=add is not None, DUAL=dual,
                         **ck_meta)
     return Launch(gdn_fold_kernel, (nt, Hv, rows), args, meta, cfg["row"])
@@ -404,7 +404,7 @@ def plan_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices, scale, o, o
     asked = bool(cfg["TMA"]) if "TMA" in cfg else (None if T in cfg.get("TMA_T", ()) else False)
     descs = tma_rows(rd, dk, [(cfg["BLOCK_V"], cfg["BLOCK_K"])], "TMA", asked)
     tma = descs is not None
-    args = [q, k, v, g, beta, o, idx, rd, rd_sc, descs[0] if tma else rd, *buf, rs.cursor,
+    args = [q, k, v, g, beta, o, idx, rs.cursor.shape[0], rd, rd_sc, descs[0] if tma else rd, *buf, rs.cursor,
             *_strides(q, k, v, g, beta, o, dims=3), scale]
     meta = _common_meta(cfg, T=T, HV=Hv, HK=Hk, DK=dk, DV=dv, L=L,
                         BLOCK_L=max(16, triton.next_power_of_2(min(rs.flush_period, L))),
@@ -460,7 +460,8 @@ def plan_commit(rs: GDNReplayState, accepted: torch.Tensor, state_indices, opt: 
     bb = triton.next_power_of_2(batch)
     pdl = pdl_meta(accepted.device, bool(config.get("PDL", opt.pdl)))     # the fold behind the cursor launch
     cur = (opt.table or TABLE).pick("cursor", batch=batch)
-    snap = Launch(gdn_commit_cursor_kernel, (1,), [idx, accepted, rs.cursor, nxt, batch, rs.flush_period],
+    snap = Launch(gdn_commit_cursor_kernel, (1,), [idx, rs.cursor.shape[0], accepted, rs.cursor, nxt, batch,
+                                                 rs.flush_period, rs.capacity - rs.flush_period],
                   dict(BLOCK_B=bb, COMPACT=compact, num_warps=cur.params["num_warps"], **pdl), cur.name)
     T = max(1, rs.capacity - rs.flush_period)          # the most a commit adds (capacity >= K + T)
     # no output: the buffers stand in for q and o (unread)
@@ -561,7 +562,8 @@ def plan_refresh_lo(rs: GDNReplayState, state_indices, batch: int) -> list[Launc
     idx = _rows_index(state_indices, batch, rs.cursor.device)
     meta = dict(HV=Hv, DV=dv, DK=dk, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(dk), INTERP=interpreting(),
                 num_warps=row.params["num_warps"], **ck_meta)
-    return [Launch(gdn_refresh_lo_kernel, (triton.cdiv(dv, block_v), Hv, batch), [idx, rs.cursor, *ck], meta, row.name),
+    return [Launch(gdn_refresh_lo_kernel, (triton.cdiv(dv, block_v), Hv, batch),
+                   [idx, rs.cursor.shape[0], rs.cursor, *ck], meta, row.name),
             _plan_clear_bits(rs, idx, batch)]
 
 
@@ -569,7 +571,7 @@ def _plan_clear_bits(rs: GDNReplayState, idx, batch: int) -> Launch:
     """common.jit.clear_lo_stale_kernel over `batch` rows: their cursor words reduced to the
     count (the stale bit and the deferred route's epoch cleared)."""
     row = TABLE.pick("clear_bits")
-    return Launch(clear_lo_stale_kernel, (1,), [idx, rs.cursor, batch],
+    return Launch(clear_lo_stale_kernel, (1,), [idx, rs.cursor.shape[0], rs.cursor, batch],
                   dict(HAS_IDX=True, BLOCK_B=triton.next_power_of_2(batch), num_warps=row.params["num_warps"]),
                   row.name)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..accounting import count_step, flush_rows, flush_slots, gdn_io_bytes, live_rows
-from ..common.reference import advance, commit, decay_weights, expand_groups, l2norm, refresh_stale, write_flushed
+from ..common.reference import (advance, commit, decay_weights, expand_groups, export_state, l2norm, refresh_stale,
+                                write_flushed)
 from ..state import ByteCounter, GDNReplayState, compute_dtype
 
 
@@ -29,7 +30,7 @@ def gdn_eager_step(state: torch.Tensor, q, k, v, g, beta, state_indices=None, sc
     beta [b, Hv]. Returns o [b, Hv, dv] in v's dtype.
     """
     cd = compute_dtype(state, v)
-    rows, slots = live_rows(state_indices, v.shape[0], v.device)
+    rows, slots = live_rows(state_indices, v.shape[0], v.device, state.shape[0])
     Hv, dk = v.shape[1], q.shape[2]
     scale = gdn_scale(dk) if scale is None else scale
     qn, kn = gdn_prep(q[rows], k[rows], cd, Hv, scale)
@@ -121,7 +122,7 @@ def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, sc
     u_t = beta (v - alpha S_{t-1} k_t), appends (u_t, k_t, g_t [, v_t, beta_t]). Returns o [b, Hv, dv].
     """
     cd = compute_dtype(rs.hi.data, v)
-    rows, slots = live_rows(state_indices, v.shape[0], v.device)
+    rows, slots = live_rows(state_indices, v.shape[0], v.device, rs.cursor.shape[0])
     out = torch.zeros_like(v)
     if len(rows) == 0:
         return out
@@ -132,9 +133,9 @@ def gdn_replay_step(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, sc
         raise RuntimeError("buffer overflow: cursor reached capacity without a flush")
     qn, kn = gdn_prep(q[rows], k[rows], cd, Hv, scale)
     gs, bs, vs = g[rows].to(cd), beta[rows].to(cd), v[rows].to(cd)
-    rs.k[slots, n], rs.g[slots, n] = k[rows], g[rows].to(rs.g.dtype)
+    rs.k[slots, n], rs.g[slots, n] = k[rows].to(rs.k.dtype), g[rows].to(rs.g.dtype)
     if rs.v is not None:
-        rs.v[slots, n], rs.beta[slots, n] = v[rows], beta[rows].to(rs.beta.dtype)
+        rs.v[slots, n], rs.beta[slots, n] = v[rows].to(rs.v.dtype), beta[rows].to(rs.beta.dtype)
     flush = flush_rows(rs, slots, n, route)
     o = torch.empty(len(rows), Hv, v.shape[2], dtype=cd, device=v.device)
     f, nf = torch.nonzero(flush).flatten(), torch.nonzero(~flush).flatten()
@@ -186,6 +187,13 @@ def gdn_flush(rs: GDNReplayState, slots: torch.Tensor | None = None) -> None:
     write_flushed(rs, slots, S)
 
 
+def gdn_export_state(rs: GDNReplayState, slots=None) -> torch.Tensor:
+    """The state after every committed entry of `slots` (None: all): the high checkpoint with
+    the buffer folded in ([b, Hv, dv, dk], fp32 / fp64; 0 for slots outside the pool). Writes
+    nothing."""
+    return export_state(rs, slots, _gdn_fold)
+
+
 def gdn_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=None):
     """Speculative verification of T drafts from checkpoint + buffer, no per-draft state.
 
@@ -195,7 +203,7 @@ def gdn_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=N
     Returns o [b, T, Hv, dv].
     """
     cd = compute_dtype(rs.hi.data, v)
-    rows, slots = live_rows(state_indices, v.shape[0], v.device)
+    rows, slots = live_rows(state_indices, v.shape[0], v.device, rs.cursor.shape[0])
     out = torch.zeros_like(v)
     if len(rows) == 0:
         return out
@@ -208,9 +216,9 @@ def gdn_verify(rs: GDNReplayState, q, k, v, g, beta, state_indices=None, scale=N
     pos = n[:, None] + torch.arange(T, device=v.device)
     qn, kn = gdn_prep(q[rows], k[rows], cd, Hv, scale)      # [b, T, Hv, dk]
     gs, bs, vs = g[rows].to(cd), beta[rows].to(cd), v[rows].to(cd)
-    rs.k[slots[:, None], pos], rs.g[slots[:, None], pos] = k[rows], g[rows].to(rs.g.dtype)
+    rs.k[slots[:, None], pos], rs.g[slots[:, None], pos] = k[rows].to(rs.k.dtype), g[rows].to(rs.g.dtype)
     if rs.v is not None:
-        rs.v[slots[:, None], pos], rs.beta[slots[:, None], pos] = v[rows], beta[rows].to(rs.beta.dtype)
+        rs.v[slots[:, None], pos], rs.beta[slots[:, None], pos] = v[rows].to(rs.v.dtype), beta[rows].to(rs.beta.dtype)
     S = rs.read_ckpt.read(slots, cd)
     _, Kn, G = _gdn_buffer(rs, slots, cd)
     for j in range(T):  # forward substitution: draft j needs the u of drafts < j

@@ -163,7 +163,7 @@ def _rd_dots_mma(rd_ptr, rd_desc, row, row0, rm, cols, KQ, DK: tl.constexpr, F16
 
 @triton.jit
 def gdn_replay_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, n_slots,
     hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr, nxt_ptr, rd_desc,
     sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
@@ -226,6 +226,7 @@ def gdn_replay_kernel(
     hidx = tl.arange(0, HP)
     ei = tl.arange(0, BLOCK_L)
     slot = tl.load(idx_ptr + b)
+    slot = tl.where(slot < n_slots, slot, -1)      # past the pool: a no-op row, as padding
     if slot < 0:
         zero = cast(tl.zeros([BLOCK_R], tl.float32), o_ptr.dtype.element_ty, INTERP)
         for j in range(NJ):

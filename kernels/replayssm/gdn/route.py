@@ -13,7 +13,7 @@ from .jit import (TICKET, CUR_MASK, STALE_BIT, EVICT_FIRST, ckpt_load, ckpt_stor
 
 @triton.jit
 def gdn_route_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, hi_ptr, cur_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, n_slots, hi_ptr, cur_ptr,
     sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
     scale, nprog,
     # from here on what the steady state (n = 0) never reads (fp8 scales, the buffer): the
@@ -45,6 +45,7 @@ def gdn_route_kernel(
     pid_v, h, b, kh, rows, rmask, cols, cmask, o_ptrs = _route_coords(o_ptr, sob, soh, HV, HK, DK, DV, BLOCK_V,
                                                                        BLOCK_K)
     slot = tl.load(idx_ptr + b)
+    slot = tl.where(slot < n_slots, slot, -1)      # past the pool: a no-op row, as padding
     if slot < 0:
         tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
     else:
@@ -141,7 +142,7 @@ def _route_store(hi_ptr, hi_sc_ptr, o_ptrs, tile, row_off, S, o, mask2, rmask,
 
 @triton.jit
 def gdn_route_defer_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, hi_ptr, cur_ptr, ep_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, n_slots, hi_ptr, cur_ptr, ep_ptr,
     sqb, sqh, skb, skh, svb, svh, sgb, sgh, sbb, sbh, sob, soh,
     scale, nprog,
     hi_sc_ptr,
@@ -173,6 +174,7 @@ def gdn_route_defer_kernel(
     pid_v, h, b, kh, rows, rmask, cols, cmask, o_ptrs = _route_coords(o_ptr, sob, soh, HV, HK, DK, DV, BLOCK_V,
                                                                        BLOCK_K)
     slot = tl.load(idx_ptr + b)
+    slot = tl.where(slot < n_slots, slot, -1)      # past the pool: a no-op row, as padding
     if slot < 0:
         tl.store(o_ptrs, cast(tl.zeros([BLOCK_V], tl.float32), o_ptr.dtype.element_ty, INTERP), mask=rmask)
     else:

@@ -111,7 +111,7 @@ def _verify_rows(SP, rows, rmask, lrows, row_off, rd_sc_ptr, ub_ptr, vb_ptr, v_p
 
 @triton.jit
 def gdn_verify_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, rd_ptr, rd_sc_ptr, rd_desc,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, idx_ptr, n_slots, rd_ptr, rd_sc_ptr, rd_desc,
     ub_ptr, kb_ptr, gb_ptr, vb_ptr, bb_ptr, cur_ptr,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sgh, sbb, sbt, sbh, sob, sot, soh,
     scale,
@@ -155,6 +155,7 @@ def gdn_verify_kernel(
     dj = tl.where(kcol0, pc, pc - T)                                           # draft of each column
     ll = tl.arange(0, BLOCK_L)
     slot = tl.load(idx_ptr + b)
+    slot = tl.where(slot < n_slots, slot, -1)      # past the pool: a no-op row, as padding
     live = slot >= 0
     slot64 = tl.maximum(slot, 0).to(tl.int64)
     kcol = kcol0 & live

@@ -16,7 +16,7 @@ from .table import tile_params
 
 @triton.jit
 def _eager_kernel(
-    st_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    st_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr, n_slots,
     P, N, HPG,
     s_st_s, s_st_h, s_st_p,
     s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
@@ -29,7 +29,7 @@ def _eager_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
-    slot, live = slot_of(idx_ptr, b, HAS_IDX)
+    slot, live = slot_of(idx_ptr, b, n_slots, HAS_IDX)
     A = tl.load(A_ptr + h).to(tl.float32)
     Dh = tl.load(D_ptr + h).to(tl.float32)
     dt_v = softplus(tl.load(dt_ptr + b * s_dt_b + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32))
@@ -70,7 +70,7 @@ def plan_eager(state, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, ou
     zz = z if z is not None else x
     idx = state_indices if state_indices is not None else x
     launch = record(_eager_kernel, grid, row)(
-        state, x, dt, A, B, C, D, dt_bias, zz, y, idx,
+        state, x, dt, A, B, C, D, dt_bias, zz, y, idx, state.shape[0],
         P, N, H // G,
         state.stride(0), state.stride(1), state.stride(2),
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),

@@ -23,7 +23,7 @@ from .table import tile_params
 
 @triton.jit
 def _fold_kernel(
-    idx_ptr, acc_ptr, cur_ptr, bx_ptr, bB_ptr, bdt_ptr, A_ptr,
+    idx_ptr, n_slots, acc_ptr, cur_ptr, bx_ptr, bB_ptr, bdt_ptr, A_ptr,
     hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     THRESH, P, N, L, HPG,
     s_bx_s, s_bx_l, s_bx_h, s_bB_s, s_bB_l, s_bB_g, s_bdt_s, s_bdt_l,
@@ -62,12 +62,12 @@ def _fold_kernel(
     else:
         r = tl.program_id(2).to(tl.int64)
         slot = tl.load(idx_ptr + r).to(tl.int64)
-        live = slot >= 0
-        slot = tl.maximum(slot, 0)
+        live = (slot >= 0) & (slot < n_slots)     # else a no-op row (padding, or past the pool)
+        slot = tl.where(live, slot, 0)
         word = tl.load(cur_ptr + slot, mask=live, other=0)
         n = word & CUR_MASK     # (LO_STALE, the deferred route's epoch)
         if HAS_ACC:
-            n = n + tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32)
+            n = n + tl.minimum(tl.maximum(tl.load(acc_ptr + r, mask=live, other=0).to(tl.int32), 0), L - THRESH)
             do = n >= THRESH
         elif HAS_LO:
             do = (n >= THRESH) | ((word & LO_STALE_BIT) != 0)
@@ -113,7 +113,7 @@ def _fold_head(slot, n, pid_p, h, bx_ptr, bB_ptr, bdt_ptr, A_ptr, hi_ptr, hi_sc_
 
 
 @triton.jit
-def _commit_list_kernel(idx_ptr, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B: tl.constexpr,
+def _commit_list_kernel(idx_ptr, n_slots, acc_ptr, cur_ptr, lst_ptr, rows, K, max_add, BLOCK_B: tl.constexpr,
                         GDC: tl.constexpr = False):
     """First launch of a LIST commit, one program: m = cursor + accepted[r] per live row; the
     cursor becomes 0 where m >= K (the row folds entries 0..m-1) else m; the folding rows are
@@ -123,11 +123,11 @@ def _commit_list_kernel(idx_ptr, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B: tl
     fold behind it launch."""
     gdc_wait_prior(GDC)
     gdc_release(GDC)
-    list_commit_rows(idx_ptr, acc_ptr, cur_ptr, lst_ptr, rows, K, BLOCK_B, False)
+    list_commit_rows(idx_ptr, n_slots, acc_ptr, cur_ptr, lst_ptr, rows, K, max_add, BLOCK_B, False)
 
 
 @triton.jit
-def _refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, P, N,
+def _refresh_lo_kernel(idx_ptr, n_slots, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, P, N,
                        s_ck_s, s_ck_h, s_ck_p, s_sc_s, s_sc_h,
                        BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_IDX: tl.constexpr,
                        HI_SCALE: tl.constexpr, LO_SCALE: tl.constexpr, EXACT: tl.constexpr):
@@ -137,7 +137,7 @@ def _refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, P
     after (common.clear_lo_stale_kernel; no program here may, as another may not have read it
     yet), so the verify reads plain counts."""
     h = tl.program_id(1)
-    slot, live = slot_of(idx_ptr, tl.program_id(2).to(tl.int64), HAS_IDX)
+    slot, live = slot_of(idx_ptr, tl.program_id(2).to(tl.int64), n_slots, HAS_IDX)
     stale = live & ((tl.load(cur_ptr + slot, mask=live, other=0) & LO_STALE_BIT) != 0)
     if stale:
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -151,7 +151,7 @@ def _refresh_lo_kernel(idx_ptr, cur_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr, P
 
 
 @triton.jit
-def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
+def _cursor_kernel(cur_ptr, idx_ptr, n_slots, acc_ptr, rows, K, max_add,
                    MODE: tl.constexpr, HAS_IDX: tl.constexpr, BLOCK: tl.constexpr, STALE: tl.constexpr = True):
     """New cursors after a launch of the kernels above (which only read them).
     MODE 0 (step):   n + 1 >= K or stale ? 0 : n + 1   (stale: LO_STALE, the step flushed)
@@ -165,8 +165,8 @@ def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
         slot = tl.load(idx_ptr + offs, mask=m, other=-1).to(tl.int64)
     else:
         slot = offs.to(tl.int64)
-    live = m & (slot >= 0)
-    slot = tl.maximum(slot, 0)
+    live = m & (slot >= 0) & (slot < n_slots)
+    slot = tl.where(live, slot, 0)
     word = tl.load(cur_ptr + slot, mask=live, other=0)
     n = word & CUR_MASK
     if MODE == 0:
@@ -176,7 +176,7 @@ def _cursor_kernel(cur_ptr, idx_ptr, acc_ptr, rows, K,
         else:
             new = tl.where(n >= K, 0, n)
     elif MODE == 1:
-        n = n + tl.load(acc_ptr + offs, mask=live, other=0).to(tl.int32)
+        n = n + tl.minimum(tl.maximum(tl.load(acc_ptr + offs, mask=live, other=0).to(tl.int32), 0), max_add)
         new = tl.where(n >= K, 0, n)
     else:
         new = tl.zeros_like(n)
@@ -193,7 +193,7 @@ def plan_cursor(rs, state_indices, rows: int, mode: int, accepted=None, options:
     acc = accepted if accepted is not None else rs.cursor
     blk = options.cursor_block
     return [record(_cursor_kernel, (triton.cdiv(rows, blk),))(
-        rs.cursor, idx, acc, rows, rs.flush_period,
+        rs.cursor, idx, rs.cursor.shape[0], acc, rows, rs.flush_period, rs.capacity - rs.flush_period,
         MODE=mode, HAS_IDX=state_indices is not None, BLOCK=blk, STALE=rs.lo is not None, num_warps=4)]
 
 
@@ -225,7 +225,7 @@ def plan_fold(rs, A, idx, thresh: int, accepted=None, listed=None, options: Mamb
         grid = grid[:2] + (nw,)
         extra = dict(LIST=True, ROWS=rows, NW=nw, NT=triton.cdiv(rows, nw))
     return [record(_fold_kernel, grid, row)(
-        idx, acc, rs.cursor, rs.x, rs.B, rs.dt, A,
+        idx, rs.cursor.shape[0], acc, rs.cursor, rs.x, rs.B, rs.dt, A,
         hi_d, hi_s, lo_d, lo_s,
         thresh, P, N, L, H // G,
         *buffer_strides(rs), *ckpt_strides(rs),
@@ -262,7 +262,8 @@ def plan_commit(rs, A, accepted, state_indices=None, options: Mamba2Options | No
     pdl = pdl_meta(accepted.device, bool(ov.get("pdl", options.pdl)))
     fold = plan_fold(rs, A, idx, rs.flush_period, accepted, listed=(lst, nw), options=options)
     fold[0].meta.update(pdl)
-    return ([record(_commit_list_kernel, (1,))(idx, accepted, rs.cursor, lst, bsz, rs.flush_period, BLOCK_B=bb,
+    return ([record(_commit_list_kernel, (1,))(idx, rs.cursor.shape[0], accepted, rs.cursor, lst, bsz, rs.flush_period,
+                                               rs.capacity - rs.flush_period, BLOCK_B=bb,
                                                num_warps=4 if bb >= 256 else 1, **pdl)] + fold)
 
 
@@ -275,7 +276,7 @@ def plan_refresh_lo(rs, state_indices, rows: int):
     lo_d, lo_s, lo_has = ckpt_args(rs.lo, rs.hi.data)
     idx = state_indices if state_indices is not None else rs.cursor
     return [record(_refresh_lo_kernel, (triton.cdiv(P, block_p), H, rows))(
-        idx, rs.cursor, hi_d, hi_s, lo_d, lo_s, P, N, *ckpt_strides(rs),
+        idx, rs.cursor.shape[0], rs.cursor, hi_d, hi_s, lo_d, lo_s, P, N, *ckpt_strides(rs),
         BLOCK_P=block_p, BLOCK_N=np2(N), HAS_IDX=state_indices is not None, HI_SCALE=hi_has, LO_SCALE=lo_has,
         EXACT=interpreting(), num_warps=1),
         plan_clear_bits(rs, state_indices, rows)]
@@ -285,5 +286,6 @@ def plan_clear_bits(rs, state_indices, rows: int) -> Launch:
     """Launch of common.jit.clear_lo_stale_kernel over `rows` batch rows: their cursor words
     reduced to the count (the LO_STALE bit and the deferred route's epoch cleared)."""
     idx = state_indices if state_indices is not None else rs.cursor
-    return record(clear_lo_stale_kernel, (1,))(idx, rs.cursor, rows, HAS_IDX=state_indices is not None,
+    return record(clear_lo_stale_kernel, (1,))(idx, rs.cursor.shape[0], rs.cursor, rows,
+                                                HAS_IDX=state_indices is not None,
                                                 BLOCK_B=np2(rows), num_warps=4)

@@ -127,10 +127,12 @@ def finish_y(yv, xv, Dh, z_row, y_row, offs_p, mask_p, in_p, HAS_Z: tl.constexpr
 
 
 @triton.jit
-def slot_of(idx_ptr, row, HAS_IDX: tl.constexpr):
-    """(slot as int64 clamped to >= 0, live) for batch row `row`; negative index = padding."""
+def slot_of(idx_ptr, row, n_slots, HAS_IDX: tl.constexpr):
+    """(slot as int64 clamped to >= 0, live) for batch row `row`; an index outside
+    0 <= idx < n_slots (the state's slots; negative = padding) is a no-op row."""
     if HAS_IDX:
         slot = tl.load(idx_ptr + row).to(tl.int64)
     else:
         slot = row.to(tl.int64)
-    return tl.maximum(slot, 0), slot >= 0
+    live = (slot >= 0) & (slot < n_slots)
+    return tl.where(live, slot, 0), live

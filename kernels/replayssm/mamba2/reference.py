@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ..accounting import count_step, flush_rows, flush_slots, live_rows, mamba2_io_bytes
-from ..common.reference import advance, commit, decay_weights, expand_groups, refresh_stale, softplus, write_flushed
+from ..common.reference import (advance, commit, decay_weights, expand_groups, export_state, refresh_stale, softplus,
+                                write_flushed)
 from ..state import ByteCounter, Mamba2ReplayState, compute_dtype
 
 
@@ -24,7 +25,7 @@ def mamba2_eager_step(state: torch.Tensor, x, dt, A, B, C, D, dt_bias, z=None, s
     Returns y [b, H, P] in x's dtype.
     """
     cd = compute_dtype(state, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
+    rows, slots = live_rows(state_indices, x.shape[0], x.device, state.shape[0])
     H = x.shape[1]
     xs, Bh, Ch = x[rows].to(cd), expand_groups(B[rows].to(cd), H, 1), expand_groups(C[rows].to(cd), H, 1)
     dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))
@@ -80,7 +81,7 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
     sequence's cursor. Returns y [b, H, P].
     """
     cd = compute_dtype(rs.hi.data, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
+    rows, slots = live_rows(state_indices, x.shape[0], x.device, rs.cursor.shape[0])
     out = torch.zeros_like(x)
     if len(rows) == 0:
         return out
@@ -90,7 +91,8 @@ def mamba2_replay_step(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None
         raise RuntimeError("buffer overflow: cursor reached capacity without a flush")
     xs, Ch = x[rows].to(cd), expand_groups(C[rows].to(cd), H, 1)
     dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))
-    rs.x[slots, n], rs.B[slots, n], rs.dt[slots, n] = x[rows], B[rows], dtv.to(rs.dt.dtype)
+    rs.x[slots, n], rs.B[slots, n] = x[rows].to(rs.x.dtype), B[rows].to(rs.B.dtype)
+    rs.dt[slots, n] = dtv.to(rs.dt.dtype)
     X, Bb, dtb = _mamba2_buffer(rs, slots, cd, H)
     Acd = A.to(cd)
     flush = flush_rows(rs, slots, n, route)
@@ -127,6 +129,20 @@ def mamba2_flush(rs: Mamba2ReplayState, A, slots: torch.Tensor | None = None) ->
     write_flushed(rs, slots, S)
 
 
+def mamba2_export_state(rs: Mamba2ReplayState, A, slots=None) -> torch.Tensor:
+    """The state after every committed entry of `slots` (None: all): the high checkpoint with
+    the buffer folded in ([b, H, P, N], fp32 / fp64; 0 for slots outside the pool). Writes
+    nothing. A [H] may be None when no slot has entries."""
+    H = rs.x.shape[2]
+
+    def fold(r, sl, cd, end):
+        if A is None and len(end) and int(end.max()) >= 0:
+            raise ValueError("export_state: A (the layer's) is needed to fold buffered entries")
+        a = torch.zeros(H, device=r.cursor.device) if A is None else A
+        return _mamba2_fold(r.hi.read(sl, cd), *_mamba2_buffer(r, sl, cd, H), a.to(cd), end)
+    return export_state(rs, slots, fold)
+
+
 def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None):
     """Speculative verification of T drafts: all T outputs from checkpoint + buffer.
 
@@ -135,7 +151,7 @@ def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, sta
     (mamba2_commit moves it). No per-draft state. Returns y [b, T, H, P].
     """
     cd = compute_dtype(rs.hi.data, x)
-    rows, slots = live_rows(state_indices, x.shape[0], x.device)
+    rows, slots = live_rows(state_indices, x.shape[0], x.device, rs.cursor.shape[0])
     out = torch.zeros_like(x)
     if len(rows) == 0:
         return out
@@ -146,7 +162,7 @@ def mamba2_verify(rs: Mamba2ReplayState, x, dt, A, B, C, D, dt_bias, z=None, sta
         raise RuntimeError(f"draft window of {T} does not fit: cursor {int(n.max())}, capacity {rs.capacity}")
     pos = n[:, None] + torch.arange(T, device=x.device)     # [b, T]
     dtv = softplus(dt[rows].to(cd) + dt_bias.to(cd))        # [b, T, H]
-    rs.x[slots[:, None], pos], rs.B[slots[:, None], pos] = x[rows], B[rows]
+    rs.x[slots[:, None], pos], rs.B[slots[:, None], pos] = x[rows].to(rs.x.dtype), B[rows].to(rs.B.dtype)
     rs.dt[slots[:, None], pos] = dtv.to(rs.dt.dtype)
     X, Bb, dtb = _mamba2_buffer(rs, slots, cd, H)
     Ch = expand_groups(C[rows].to(cd), H, 2)

@@ -91,7 +91,8 @@ def _step_terms(A, dt_raw, dtb, Bn_raw, dt_i, mask_l, bdt_ptr, bB_ptr, EXACT: tl
 
 
 @triton.jit
-def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, A_ptr, dt_ptr, dtb_ptr, B_ptr, cur_ptr, bdt_ptr, N, NL, HPG,
+def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, n_slots, A_ptr, dt_ptr, dtb_ptr, B_ptr, cur_ptr, bdt_ptr,
+                      N, NL, HPG,
                       s_C_b, s_C_g, s_bB_s, s_bB_l, s_bB_g, s_dt_b, s_B_b, s_B_g, s_bdt_s, s_bdt_l,
                       BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_IDX: tl.constexpr, GDC: tl.constexpr = False,
                       COEF: tl.constexpr = False, EXACT: tl.constexpr = False, BLOCK_H: tl.constexpr = 1):
@@ -116,7 +117,7 @@ def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, A_ptr, dt_ptr, dtb_ptr, B_
     gdc_release(GDC)
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    slot, live = slot_of(idx_ptr, b, HAS_IDX)
+    slot, live = slot_of(idx_ptr, b, n_slots, HAS_IDX)
     offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
     in_n = offs_n < N
@@ -151,7 +152,7 @@ def _buffer_bc_kernel(C_ptr, bB_ptr, bc_ptr, idx_ptr, A_ptr, dt_ptr, dtb_ptr, B_
 
 @triton.jit
 def _replay_step_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr, n_slots,
     cur_ptr, bx_ptr, bB_ptr, bdt_ptr, bc_ptr,
     rd_ptr, rd_sc_ptr, hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     K, P, N, HPG, NPROG,
@@ -194,7 +195,7 @@ def _replay_step_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
-    slot, live = slot_of(idx_ptr, b, HAS_IDX)
+    slot, live = slot_of(idx_ptr, b, n_slots, HAS_IDX)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     in_p = offs_p < P
     mask_p = in_p & live
@@ -363,7 +364,7 @@ def _replay_step_kernel(
 
 @triton.jit
 def _replay_flush_kernel(
-    x_ptr, A_ptr, C_ptr, D_ptr, z_ptr, y_ptr, idx_ptr, cur_ptr, bx_ptr, bB_ptr, bdt_ptr,
+    x_ptr, A_ptr, C_ptr, D_ptr, z_ptr, y_ptr, idx_ptr, n_slots, cur_ptr, bx_ptr, bB_ptr, bdt_ptr,
     hi_ptr, hi_sc_ptr, lo_ptr, lo_sc_ptr,
     K, P, N, HPG,
     s_x_b, s_x_h, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
@@ -385,7 +386,7 @@ def _replay_flush_kernel(
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
-    slot, live = slot_of(idx_ptr, b, HAS_IDX)
+    slot, live = slot_of(idx_ptr, b, n_slots, HAS_IDX)
     word = tl.load(cur_ptr + slot, mask=live, other=1)
     n = word & CUR_MASK     # (LO_STALE, the deferred route's epoch)
     if ADVANCED:
@@ -485,7 +486,8 @@ def plan_replay(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, adva
         bc = state_scratch(rs, "_bc_scratch", numel, x.device).view(torch.float32)
         pdl = pdl_meta(x.device, v["pdl"])
         launches.append(record(_buffer_bc_kernel, (G, bsz), v["row"])(
-            C, rs.B, bc, idx, A, dt, dt_bias, B, rs.cursor, rs.dt, N, min(rs.flush_period, L), H // G,
+            C, rs.B, bc, idx, rs.cursor.shape[0], A, dt, dt_bias, B, rs.cursor, rs.dt, N, min(rs.flush_period, L),
+            H // G,
             C.stride(0), C.stride(1), rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
             dt.stride(0), B.stride(0), B.stride(1), rs.dt.stride(0), rs.dt.stride(1),
             BLOCK_N=block_n, BLOCK_L=bl, HAS_IDX=state_indices is not None, GDC=pdl["GDC"], COEF=coef,
@@ -497,7 +499,7 @@ def plan_replay(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, adva
     if v["maxnreg"]:
         common["maxnreg"] = v["maxnreg"]
     launches.append(record(_replay_step_kernel, grid, v["row"])(
-        x, dt, A, B, C, D, dt_bias, zz, y, idx,
+        x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor.shape[0],
         rs.cursor, rs.x, rs.B, rs.dt, bc,
         rd_d, rd_s, hi_d, hi_s, lo_d, lo_s,
         rs.flush_period, P, N, H // G, nprog,
@@ -509,7 +511,7 @@ def plan_replay(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, adva
         **pdl, **common))
     if not fused:
         launches.append(record(_replay_flush_kernel, grid, v["row"])(
-            x, A, C, D, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt,
+            x, A, C, D, zz, y, idx, rs.cursor.shape[0], rs.cursor, rs.x, rs.B, rs.dt,
             hi_d, hi_s, lo_d, lo_s,
             rs.flush_period, P, N, H // G,
             x.stride(0), x.stride(1), C.stride(0), C.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),

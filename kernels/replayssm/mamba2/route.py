@@ -19,7 +19,7 @@ from .table import replay_params
 
 @triton.jit
 def _replay_eager_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr, n_slots,
     cur_ptr, bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr,
     P, N, HPG, NPROG,
     s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
@@ -47,7 +47,7 @@ def _replay_eager_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
-    slot, live = slot_of(idx_ptr, b, HAS_IDX)
+    slot, live = slot_of(idx_ptr, b, n_slots, HAS_IDX)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     in_p = offs_p < P
     mask_p = in_p & live
@@ -96,7 +96,7 @@ def _replay_eager_kernel(
 
 @triton.jit
 def _replay_defer_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr, n_slots,
     cur_ptr, ep_ptr, bx_ptr, bB_ptr, bdt_ptr, hi_ptr, hi_sc_ptr,
     P, N, HPG, NPROG,
     s_x_b, s_x_h, s_dt_b, s_B_b, s_B_g, s_C_b, s_C_g, s_z_b, s_z_h, s_y_b, s_y_h,
@@ -124,8 +124,8 @@ def _replay_defer_kernel(
     carry LO_STALE (the next buffered step flushes, a verify refreshes the low copy first)."""
     tl.static_assert(BLOCK_P % EP_ROWS == 0, "BLOCK_P: a multiple of EP_ROWS (state.EPOCH_ROWS)")
     EW: tl.constexpr = BLOCK_P // EP_ROWS
-    pid_p, h, b, g, slot, live, offs_p, in_p, offs_n, in_n = _program_tile(idx_ptr, P, N, HPG, BLOCK_P, BLOCK_N,
-                                                                           HAS_IDX)
+    pid_p, h, b, g, slot, live, offs_p, in_p, offs_n, in_n = _program_tile(idx_ptr, n_slots, P, N, HPG, BLOCK_P,
+                                                                           BLOCK_N, HAS_IDX)
     z_row = z_ptr + b * s_z_b + h * s_z_h
     y_row = y_ptr + b * s_y_b + h * s_y_h
     if live:
@@ -183,14 +183,14 @@ def _replay_defer_kernel(
 
 
 @triton.jit
-def _program_tile(idx_ptr, P, N, HPG, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_IDX: tl.constexpr):
+def _program_tile(idx_ptr, n_slots, P, N, HPG, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_IDX: tl.constexpr):
     """A [BLOCK_P, N] tile program's place, grid (cdiv(P, BLOCK_P), H, batch): (pid_p, head h,
     batch row b, group g, slot, live, rows offs_p [BLOCK_P] and in_p, columns offs_n [BLOCK_N]
     and in_n)."""
     pid_p = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
-    slot, live = slot_of(idx_ptr, b, HAS_IDX)
+    slot, live = slot_of(idx_ptr, b, n_slots, HAS_IDX)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     return pid_p, h, b, h // HPG, slot, live, offs_p, offs_p < P, offs_n, offs_n < N
@@ -263,8 +263,9 @@ def plan_route(rs, x, dt, A, B, C, D, dt_bias, z, state_indices, y, v: dict):
         meta["maxnreg"] = v["maxnreg"]
     if rk > 1:
         return record(_replay_defer_kernel, grid, v["row"])(
-            x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.route_epoch, rs.x, rs.B, rs.dt, hi_d, hi_s,
+            x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor.shape[0], rs.cursor, rs.route_epoch, rs.x, rs.B, rs.dt,
+            hi_d, hi_s,
             P, N, H // G, nprog, *strides, RK=rk, EP_ROWS=EPOCH_ROWS, **meta)
     return record(_replay_eager_kernel, grid, v["row"])(
-        x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor, rs.x, rs.B, rs.dt, hi_d, hi_s,
+        x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor.shape[0], rs.cursor, rs.x, rs.B, rs.dt, hi_d, hi_s,
         P, N, H // G, nprog, *strides, **meta)

@@ -75,7 +75,7 @@ def _verify_tile_out(Y, offs_p, mask_p, in_p, XbT, XdT, W, Wd, decay, mask_l, Dh
 
 
 @triton.jit
-def _verify_gram_kernel(B_ptr, C_ptr, bB_ptr, gram_ptr, idx_ptr, L, N: tl.constexpr,
+def _verify_gram_kernel(B_ptr, C_ptr, bB_ptr, gram_ptr, idx_ptr, n_slots, L, N: tl.constexpr,
                         s_B_b, s_B_t, s_B_g, s_C_b, s_C_t, s_C_g, s_bB_s, s_bB_l, s_bB_g,
                         T: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
                         HAS_IDX: tl.constexpr, BC_PREC: tl.constexpr, EXACT: tl.constexpr,
@@ -90,7 +90,7 @@ def _verify_gram_kernel(B_ptr, C_ptr, bB_ptr, gram_ptr, idx_ptr, L, N: tl.conste
     gdc_release(GDC)
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    slot, live = slot_of(idx_ptr, b, HAS_IDX)
+    slot, live = slot_of(idx_ptr, b, n_slots, HAS_IDX)
     offs_t = tl.arange(0, BLOCK_T)
     offs_l = tl.arange(0, BLOCK_L)
     mask_t = offs_t < T
@@ -117,7 +117,7 @@ def _verify_gram_kernel(B_ptr, C_ptr, bB_ptr, gram_ptr, idx_ptr, L, N: tl.conste
 
 @triton.jit
 def _verify_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr, idx_ptr, n_slots,
     cur_ptr, bx_ptr, bB_ptr, bdt_ptr, rd_ptr, rd_sc_ptr, rd_desc, rd_desc_q, gram_ptr,
     P, N: tl.constexpr, L, HPG,
     s_x_b, s_x_t, s_x_h, s_dt_b, s_dt_t, s_B_b, s_B_t, s_B_g, s_C_b, s_C_t, s_C_g,
@@ -165,7 +165,7 @@ def _verify_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     g = h // HPG
-    slot, live = slot_of(idx_ptr, b, HAS_IDX)
+    slot, live = slot_of(idx_ptr, b, n_slots, HAS_IDX)
     offs_p = pid_p * (BLOCK_P + TAIL_P) + tl.arange(0, BLOCK_P)
     in_p = offs_p < P
     mask_p = in_p & live
@@ -344,12 +344,13 @@ def plan_verify(rs, x, dt, A, B, C, D, dt_bias, z=None, state_indices=None, out=
                              x.device).view(torch.float32)
         wait = {"GDC_WAIT": pdl["GDC"], **({"launch_pdl": True} if pdl["GDC"] else {})}
         launches.append(record(_verify_gram_kernel, (G, bsz), row)(
-            B, C, rs.B, gram, idx, L, N, B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1),
+            B, C, rs.B, gram, idx, rs.cursor.shape[0], L, N, B.stride(0), B.stride(1), B.stride(2), C.stride(0),
+            C.stride(1),
             C.stride(2), rs.B.stride(0), rs.B.stride(1), rs.B.stride(2),
             T=T, BLOCK_T=block_t, BLOCK_L=bl, BLOCK_N=block_n, HAS_IDX=state_indices is not None,
             BC_PREC=bc_prec, EXACT=interpreting(), GDC=pdl["GDC"], num_warps=1))
     launches.append(record(_verify_kernel, grid, row)(
-        x, dt, A, B, C, D, dt_bias, zz, y, idx,
+        x, dt, A, B, C, D, dt_bias, zz, y, idx, rs.cursor.shape[0],
         rs.cursor, rs.x, rs.B, rs.dt, rd_d, rd_s, *descs, gram,
         P, N, L, H // G,
         x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),

@@ -32,6 +32,7 @@ import torch
 import importlib
 
 from .. import accounting as acc
+from ..common import checks as chk
 from ..common.backends import BACKENDS, check_backend, into  # noqa: F401 (BACKENDS: part of this module's API)
 from ..state import ByteCounter
 from . import reference as ref
@@ -61,15 +62,32 @@ def advance(start: torch.Tensor, accepted: torch.Tensor, T: int) -> torch.Tensor
 
 def _count(counter, states, slot_table, start, io_read, io_write) -> None:
     """Host-side byte accounting, same as the reference's (syncs)."""
-    rows, _, dst = acc.perdraft_rows(slot_table, start)
+    rows, _, dst = acc.perdraft_rows(slot_table, start, states.shape[0])
     acc.count_perdraft(counter, states, len(rows), int((dst >= 0).sum()), len(rows) * io_read,
                         len(rows) * io_write)
 
 
+def _checks(op, states, slot_table, start, T, check) -> None:
+    """slot_table [b, 1 + T] int, start [b] int (host); debug: slots < S, starts in 0..T."""
+    a = chk.Args(op, states.device, T1=T + 1)
+    a.indices("slot_table", slot_table, "b T1", optional=False)
+    a.indices("start", start, "b", optional=False)
+    if chk.debug(check):
+        chk.slots_in_pool(op, "slot_table", slot_table, states.shape[0], unique=False)
+        st = start.detach().to("cpu", torch.long)
+        if len(st) and (int(st.min()) < 0 or int(st.max()) > T):
+            chk.fail(op, "start", f"in 0..{T}", st[(st < 0) | (st > T)].tolist()[:8])
+
+
 def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, *, backend: str = "triton",
-                  out=None, counter: ByteCounter | None = None, options=None) -> torch.Tensor:
+                  out=None, counter: ByteCounter | None = None, options=None,
+                  check: bool | None = None) -> torch.Tensor:
     """Per-draft verification of T tokens (Mamba-2); see the module docstring."""
     check_backend(backend)
+    dims = chk.eager_state("perdraft.mamba2_verify", states, "S H P N", backend)
+    a = chk.mamba2_inputs("perdraft.mamba2_verify", dims, states.device, x, dt, A, B, C, D, dt_bias, z, None, out,
+                          draft=True)
+    _checks("perdraft.mamba2_verify", states, slot_table, start, a.dims["T"], check)
     if backend == "reference":
         return into(out, ref.mamba2_verify_perdraft(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z,
                                                      counter))
@@ -79,9 +97,12 @@ def mamba2_verify(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None,
 
 
 def gdn_verify(states, slot_table, start, q, k, v, g, beta, scale=None, *, backend: str = "triton", out=None,
-               counter: ByteCounter | None = None, options=None) -> torch.Tensor:
+               counter: ByteCounter | None = None, options=None, check: bool | None = None) -> torch.Tensor:
     """Per-draft verification of T tokens (GDN); see the module docstring."""
     check_backend(backend)
+    dims = chk.eager_state("perdraft.gdn_verify", states, "S Hv dv dk", backend)
+    a = chk.gdn_inputs("perdraft.gdn_verify", dims, states.device, q, k, v, g, beta, None, scale, out, draft=True)
+    _checks("perdraft.gdn_verify", states, slot_table, start, a.dims["T"], check)
     if backend == "reference":
         return into(out, ref.gdn_verify_perdraft(states, slot_table, start, q, k, v, g, beta, scale, counter))
     if counter is not None:

@@ -28,7 +28,7 @@ from ..common.jit import cast, silu, softplus
 # ----------------------------------------------------------------------------- Mamba-2
 @triton.jit
 def mamba2_perdraft_kernel(
-    st_ptr, tbl_ptr, start_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr,
+    st_ptr, tbl_ptr, n_slots, start_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, y_ptr,
     P, N, HPG,
     s_st_s, s_st_h, s_st_p, s_tbl_b,
     s_x_b, s_x_t, s_x_h, s_dt_b, s_dt_t, s_B_b, s_B_t, s_B_g, s_C_b, s_C_t, s_C_g,
@@ -43,9 +43,11 @@ def mamba2_perdraft_kernel(
     g = h // HPG
     # nested @jit calls cost ~1 ms each under the interpreter: small helpers are inlined
     c0 = tl.load(start_ptr + b).to(tl.int32)
+    ok = (c0 >= 0) & (c0 <= T)          # a start column outside 0..T, or a slot outside the pool: a no-op row
+    c0 = tl.where(ok, c0, 0)
     src = tl.load(tbl_ptr + b * s_tbl_b + c0).to(tl.int64)
-    live = src >= 0
-    src = tl.maximum(src, 0)
+    live = ok & (src >= 0) & (src < n_slots)
+    src = tl.where(live, src, 0)
     A = tl.load(A_ptr + h).to(tl.float32)
     Dh = tl.load(D_ptr + h).to(tl.float32)
     dtb = tl.load(dtb_ptr + h).to(tl.float32)
@@ -64,8 +66,9 @@ def mamba2_perdraft_kernel(
         dtv = softplus(tl.load(dt_ptr + b * s_dt_b + t * s_dt_t + h).to(tl.float32) + dtb)
         S = tl.exp(dtv * A) * S + (dtv * xv)[:, None] * Bv[None, :]
         dst = tl.load(tbl_ptr + b * s_tbl_b + (c0 + 1 + t) % (T + 1)).to(tl.int64)
-        tl.store(st_ptr + tl.maximum(dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
-                 mask=mask & (dst >= 0))
+        dok = (dst >= 0) & (dst < n_slots)
+        tl.store(st_ptr + tl.where(dok, dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
+                 mask=mask & dok)
         y = tl.sum(S * Cv[None, :], axis=1) + Dh * xv
         if HAS_Z:
             zv = tl.load(z_ptr + b * s_z_b + t * s_z_t + h * s_z_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
@@ -76,7 +79,7 @@ def mamba2_perdraft_kernel(
 # ----------------------------------------------------------------------------- GDN
 @triton.jit
 def gdn_perdraft_kernel(
-    st_ptr, tbl_ptr, start_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+    st_ptr, tbl_ptr, n_slots, start_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
     s_st_s, s_st_h, s_st_v, s_tbl_b,
     s_q_b, s_q_t, s_q_h, s_k_b, s_k_t, s_k_h, s_v_b, s_v_t, s_v_h,
     s_g_b, s_g_t, s_be_b, s_be_t, s_o_b, s_o_t, s_o_h,
@@ -96,9 +99,11 @@ def gdn_perdraft_kernel(
     cols = tl.arange(0, BLOCK_K)
     cmask = cols < DK
     c0 = tl.load(start_ptr + b).to(tl.int32)
+    ok = (c0 >= 0) & (c0 <= T)          # a start column outside 0..T, or a slot outside the pool: a no-op row
+    c0 = tl.where(ok, c0, 0)
     src = tl.load(tbl_ptr + b * s_tbl_b + c0).to(tl.int64)
-    live = src >= 0
-    src = tl.maximum(src, 0)
+    live = ok & (src >= 0) & (src < n_slots)
+    src = tl.where(live, src, 0)
     rmask = in_v & live
     mask = rmask[:, None] & (cmask[None, :] & live)
     tile = h * s_st_h + rows[:, None] * s_st_v + cols[None, :]
@@ -116,7 +121,8 @@ def gdn_perdraft_kernel(
         u = bt * (vv - alpha * sk)
         S = alpha * S + u[:, None] * kn[None, :]
         dst = tl.load(tbl_ptr + b * s_tbl_b + (c0 + 1 + t) % (T + 1)).to(tl.int64)
-        tl.store(st_ptr + tl.maximum(dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
-                 mask=mask & (dst >= 0))
+        dok = (dst >= 0) & (dst < n_slots)
+        tl.store(st_ptr + tl.where(dok, dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
+                 mask=mask & dok)
         o = alpha * sq + u * tl.sum(kn * qn, 0)
         tl.store(o_ptr + b * s_o_b + t * s_o_t + h * s_o_h + rows, cast(o, o_ptr.dtype.element_ty, EXACT), mask=in_v)

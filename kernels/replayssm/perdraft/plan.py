@@ -54,7 +54,7 @@ def plan_mamba2(states, slot_table, start, x, dt, A, B, C, D, dt_bias, z=None, o
     zz = z if z is not None else x
     grid = (triton.cdiv(P, cfg["BLOCK_R"]), H, bsz)
     launch = Launch(mamba2_perdraft_kernel, grid, (
-        states, slot_table, start, x, dt, A, B, C, D, dt_bias, zz, y,
+        states, slot_table, states.shape[0], start, x, dt, A, B, C, D, dt_bias, zz, y,
         P, N, H // G,
         states.stride(0), states.stride(1), states.stride(2), slot_table.stride(0),
         x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),
@@ -88,7 +88,7 @@ def plan_gdn(states, slot_table, start, q, k, v, g, beta, scale=None, out=None, 
     cfg = pick("gdn", bsz, dv, options)
     grid = (triton.cdiv(dv, cfg["BLOCK_R"]), Hv, bsz)
     launch = Launch(gdn_perdraft_kernel, grid, (
-        states, slot_table, start, q, k, v, g, beta, o,
+        states, slot_table, states.shape[0], start, q, k, v, g, beta, o,
         states.stride(0), states.stride(1), states.stride(2), slot_table.stride(0),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),

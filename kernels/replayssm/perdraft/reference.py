@@ -47,7 +47,7 @@ def mamba2_verify_perdraft(states: torch.Tensor, slot_table: torch.Tensor, start
     T, H = x.shape[1], x.shape[2]
     if slot_table.shape != (x.shape[0], T + 1):
         raise ValueError(f"slot_table must be [batch, 1 + T] = [{x.shape[0]}, {T + 1}], got {tuple(slot_table.shape)}")
-    rows, src, dst = perdraft_rows(slot_table, start)
+    rows, src, dst = perdraft_rows(slot_table, start, states.shape[0])
     out = torch.zeros_like(x)
     writes = 0
     if len(rows):
@@ -86,7 +86,7 @@ def gdn_verify_perdraft(states: torch.Tensor, slot_table: torch.Tensor, start: t
     if slot_table.shape != (v.shape[0], T + 1):
         raise ValueError(f"slot_table must be [batch, 1 + T] = [{v.shape[0]}, {T + 1}], got {tuple(slot_table.shape)}")
     scale = gdn_scale(dk) if scale is None else scale
-    rows, src, dst = perdraft_rows(slot_table, start)
+    rows, src, dst = perdraft_rows(slot_table, start, states.shape[0])
     out = torch.zeros_like(v)
     writes = 0
     if len(rows):

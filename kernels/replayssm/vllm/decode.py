@@ -69,7 +69,7 @@ def mamba2_decode(rs, pending, x, dt, A, B, C, D, dt_bias, block_ids, out, *, ba
         return
     n, T = idx.shape[0], window
     pos, valid, lengths = _window(cu_seqlens, n, T)
-    safe, live = _commit_and_mark(lambda acc: mamba2.commit(rs, A, acc, idx, backend=backend),
+    safe, live = _commit_and_mark(lambda acc: mamba2.commit(rs, acc, idx, A=A, backend=backend),
                                   pending, idx, num_accepted, lengths)
     y = mamba2.verify(rs, x[pos], dt[pos], A, B[pos], C[pos], D, dt_bias, None, idx, backend=backend)
     _set_pending(pending, safe, live, lengths)
@@ -92,7 +92,7 @@ def mamba2_before_prefill(rs, A, block_ids, has_initial, *, backend: str) -> Non
     """Fold the committed entries of sequences whose prefill continues (a chunked prefill), so
     the checkpoint vLLM's prefill starts from is their current state. has_initial: vLLM's
     [num_prefills] bool (None: no prefill continues)."""
-    mamba2.flush(rs, A, _continued(rs, block_ids, has_initial), backend=backend)
+    mamba2.flush(rs, _continued(rs, block_ids, has_initial), A=A, backend=backend)
 
 
 # ----------------------------------------------------------------------------- GDN
@@ -108,13 +108,13 @@ def gdn_decode(rs, pending, q, k, v, g, beta, block_ids, out, *, backend: str, s
     out [ntok, Hv, dv]. Same modes as mamba2_decode."""
     idx = state_indices(block_ids)
     if num_accepted is None:
-        gdn.replay_step(rs, q, k, v, g, beta, idx, scale, backend=backend, out=out)
+        gdn.replay_step(rs, q, k, v, g, beta, idx, scale=scale, backend=backend, out=out)
         return
     n, T = idx.shape[0], window
     pos, valid, lengths = _window(cu_seqlens, n, T)
     safe, live = _commit_and_mark(lambda acc: gdn.commit(rs, acc, idx, backend=backend),
                                   pending, idx, num_accepted, lengths)
-    y = gdn.verify(rs, q[pos], k[pos], v[pos], g[pos], beta[pos], idx, scale, backend=backend)
+    y = gdn.verify(rs, q[pos], k[pos], v[pos], g[pos], beta[pos], idx, scale=scale, backend=backend)
     _set_pending(pending, safe, live, lengths)
     _scatter(out, y, pos, valid)
 

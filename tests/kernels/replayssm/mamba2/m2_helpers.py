@@ -149,7 +149,7 @@ def verify_commit_cycles(device, shape, name, mode, sd, lo, act, T, options=None
                 assert torch.equal(rs.x[s, n:n + T], rr.x[s, n:n + T])
                 assert torch.equal(rs.B[s, n:n + T], rr.B[s, n:n + T])
         acc = torch.randint(0, T + 1, (4,), generator=g).to(device=device, dtype=torch.int32)
-        M.commit(rs, p["A"], acc, state_indices=idx, options=options)
+        M.commit(rs, acc, state_indices=idx, A=p["A"], options=options)
         R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
         state_check(rs, rr, f"{name} cycle {cycle}: commit")
         if low_precision(rs):

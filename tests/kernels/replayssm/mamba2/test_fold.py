@@ -22,12 +22,12 @@ def test_flush(device, mode, lo):
     rs.cursor[2] = rr.cursor[2] = 0                       # a slot with nothing to fold
     A = params(TINY, g)["A"]
     slots = torch.tensor([2, -1, 5, 0], dtype=torch.int32, device=device)
-    M.flush(rs, A, slots)
+    M.flush(rs, slots, A=A)
     R.mamba2_flush(rr, A, slots[slots >= 0].long())
     state_check(rs, rr, "flush(slots)")
     if low_precision(rs):
         resync(rs, rr)
-    M.flush(rs, A)
+    M.flush(rs, A=A)
     R.mamba2_flush(rr, A)
     state_check(rs, rr, "flush(all)")
     assert (rs.cursor == 0).all()
@@ -58,7 +58,7 @@ def test_commit_routes_long_horizon(device, listed, rounds):
         n = int((rr.cursor[idx[live].long()] + acc[live] >= K).sum())
         folds, multi = folds + n, multi + (n > 1)
         assert (plan_commit(rs, p["A"], acc, idx, options=o)[0].name == "_commit_list_kernel") == listed
-        M.commit(rs, p["A"], acc, state_indices=idx, options=o)
+        M.commit(rs, acc, state_indices=idx, A=p["A"], options=o)
         R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
         state_check(rs, rr, f"round {rnd}")
     assert folds >= rounds * 3 // 4 and multi >= rounds // 8, (folds, multi)

@@ -75,7 +75,7 @@ def test_replay_dot_fold(device, act):
     acc = torch.tensor([0, 3], dtype=torch.int32, device=device)
     idx2 = torch.tensor([2, 1], dtype=torch.int32, device=device)
     A = params(shape, g)["A"]
-    M.commit(rs, A, acc, state_indices=idx2)
+    M.commit(rs, acc, state_indices=idx2, A=A)
     R.mamba2_commit(rr, A, acc, state_indices=idx2)
     state_check(rs, rr, "dot commit")
 

@@ -102,7 +102,7 @@ def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk, block_p):
             yr = R.mamba2_verify(rr, **inp, **p, state_indices=idx)
             assert rel_err(y, yr) <= out_tol(torch.bfloat16), f"{mode} step {step} verify: {rel_err(y, yr):.3g}"
             acc = torch.randint(0, 3, (4,), generator=g).to(torch.int32).to(DEV)
-            M.commit(rs, p["A"], acc, state_indices=idx)
+            M.commit(rs, acc, state_indices=idx, A=p["A"])
             R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
         else:
             route = {"defer": rk, "eager": 1, "buffered": 0}[how]
@@ -220,13 +220,13 @@ def test_dual_route_low_copy_refreshed_where_needed(device, lo):
         state_check(rs, rr, f"verify {rnd}")
         resync(rs, rr)
         acc = torch.randint(0, T + 1, (batch,), generator=g).to(device=device, dtype=torch.int32)
-        M.commit(rs, p["A"], acc, state_indices=idx)
+        M.commit(rs, acc, state_indices=idx, A=p["A"])
         R.mamba2_commit(rr, p["A"], acc, state_indices=idx)
         assert not rs.lo_stale().any()
         state_check(rs, rr, f"commit {rnd}")
         resync(rs, rr)
     route_step("route before flush")
-    M.flush(rs, p["A"])
+    M.flush(rs, A=p["A"])
     R.mamba2_flush(rr, p["A"])
     assert not rs.lo_stale().any() and (rs.entries() == 0).all()
     state_check(rs, rr, "flush")

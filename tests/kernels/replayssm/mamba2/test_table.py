@@ -69,7 +69,7 @@ def test_options_reject_unknown_knobs():
     with pytest.raises(TypeError):
         Mamba2Options(small_batch_routes=False)
     with pytest.raises(TypeError, match="Mamba2Options"):
-        M.eager_step(torch.zeros(1, 4, 5, 8), *[None] * 7, options={"pdl": False})
+        M.eager_step(torch.zeros(1, 4, 5, 8), *[None] * 7, options={"pdl": False})   # before any input check
 
 
 # ----------------------------------------------------------------------------- every row against the reference

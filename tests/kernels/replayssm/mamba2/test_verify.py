@@ -155,7 +155,7 @@ def test_cuda_graph_spec(model, batch, mode, lo, act):
 
     def round_(r):
         M.verify(r, **static, **p, state_indices=idx, out=out)
-        M.commit(r, p["A"], acc, state_indices=idx)
+        M.commit(r, acc, state_indices=idx, A=p["A"])
 
     graph = graph_of(lambda: round_(scratch))
     with torch.cuda.graph(graph):

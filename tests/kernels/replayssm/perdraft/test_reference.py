@@ -172,8 +172,12 @@ def test_perdraft_argument_errors():
     inp = fam.inputs(2, T)
     with pytest.raises(ValueError, match="1 \\+ T"):
         fam.perdraft(states, torch.zeros(2, T, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), inp)
-    with pytest.raises(ValueError, match="start columns"):
-        fam.perdraft(states, PD.slot_table(torch.arange(2), T), torch.tensor([0, T + 1]), inp)
+    # a start column outside 0..T: a padded row (as the kernel makes it); the debug check names it
+    y = fam.perdraft(states, PD.slot_table(torch.arange(2), T), torch.tensor([0, T + 1]), inp)
+    assert not y[1].any()
+    with pytest.raises(ValueError, match="start"):
+        PD.mamba2_verify(states, PD.slot_table(torch.arange(2), T), torch.tensor([0, T + 1]), **inp, **fam.params,
+                         backend="reference", check=True)
 
 
 def test_slot_table_and_advance():
