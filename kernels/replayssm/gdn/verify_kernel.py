@@ -155,7 +155,7 @@ def gdn_verify_kernel(
     dj = tl.where(kcol0, pc, pc - T)                                           # draft of each column
     ll = tl.arange(0, BLOCK_L)
     slot = tl.load(idx_ptr + b)
-    live = slot >= 0
+    live = tl.where(slot >= 0, True, False)  # i1 scalar (common/jit.py)
     slot64 = tl.maximum(slot, 0).to(tl.int64)
     kcol = kcol0 & live
     qcol = qcol0 & live

@@ -133,4 +133,4 @@ def slot_of(idx_ptr, row, HAS_IDX: tl.constexpr):
         slot = tl.load(idx_ptr + row).to(tl.int64)
     else:
         slot = row.to(tl.int64)
-    return tl.maximum(slot, 0), slot >= 0
+    return tl.maximum(slot, 0), tl.where(slot >= 0, True, False)   # i1 scalar (common/jit.py)

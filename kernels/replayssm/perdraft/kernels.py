@@ -44,7 +44,7 @@ def mamba2_perdraft_kernel(
     # nested @jit calls cost ~1 ms each under the interpreter: small helpers are inlined
     c0 = tl.load(start_ptr + b).to(tl.int32)
     src = tl.load(tbl_ptr + b * s_tbl_b + c0).to(tl.int64)
-    live = src >= 0
+    live = tl.where(src >= 0, True, False)  # i1 scalar (common/jit.py)
     src = tl.maximum(src, 0)
     A = tl.load(A_ptr + h).to(tl.float32)
     Dh = tl.load(D_ptr + h).to(tl.float32)
@@ -97,7 +97,7 @@ def gdn_perdraft_kernel(
     cmask = cols < DK
     c0 = tl.load(start_ptr + b).to(tl.int32)
     src = tl.load(tbl_ptr + b * s_tbl_b + c0).to(tl.int64)
-    live = src >= 0
+    live = tl.where(src >= 0, True, False)  # i1 scalar (common/jit.py)
     src = tl.maximum(src, 0)
     rmask = in_v & live
     mask = rmask[:, None] & (cmask[None, :] & live)
