@@ -41,6 +41,7 @@ from pathlib import Path
 
 from ..methods import PEER_EAGER, get as get_method, names
 from ..models import get_model
+from ..timing import MIN_CLEAN_SAMPLES, NOISY_REL_IQR
 from . import SkipCase
 
 VLLM_VERSION = "0.26.0"
@@ -415,7 +416,9 @@ def run(case, ctx) -> dict:
         times.append(max(tn - t1, 1e-9) / (st["output_len"] - 1))  # per decode step
     step = statistics.median(times)
     q = statistics.quantiles(times, n=4) if len(times) >= 2 else [step, step, step]
-    row.update(median_us=step * 1e6, iqr_us=(q[2] - q[0]) * 1e6, samples=len(times),
+    # flagged as the kernel runners' rows are (replaybench.timing): too few repeats or too wide a spread
+    noisy = len(times) < MIN_CLEAN_SAMPLES or (q[2] - q[0]) / step > NOISY_REL_IQR
+    row.update(median_us=step * 1e6, iqr_us=(q[2] - q[0]) * 1e6, samples=len(times), noisy=noisy,
                tokens_per_s=case.batch / step, max_batch=_max_batch(llm, kwargs["max_model_len"]),
                mean_accepted_len=mean_accepted(before, _spec_counters(llm)) if a["num_spec"] else float("nan"))
     return row

@@ -16,6 +16,10 @@ _STALE_BIT = tl.constexpr(LO_STALE)
 _EPOCH_ONE = tl.constexpr(1 << EPOCH_SHIFT)     # the route's word after a ticket: epoch 1, count 0
 _EPOCH_ONE_STALE = tl.constexpr((1 << EPOCH_SHIFT) | LO_STALE)
 
+# A scalar compare that joins a block mask is written `tl.where(c, True, False)` (an "i1 scalar"):
+# Triton's interpreter tags a compare with its operands' dtype, so `offs < N` & a plain `slot >= 0`
+# is an int block there, which Triton 3.9 rejects as a mask; on the GPU the select folds away.
+
 
 @triton.jit
 def softplus(v):

@@ -17,6 +17,8 @@ def signature(arg_names, args, meta: dict) -> tuple[dict, dict, dict]:
     constexprs, num_warps removed) a constexpr."""
     sig, consts, attrs = {}, dict(meta), {}
     for i, (name, a) in enumerate(zip(arg_names, args)):
+        if name in meta:
+            continue
         if isinstance(a, torch.Tensor):
             sig[name] = "*" + TL_TYPES[a.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -68,6 +70,11 @@ def compile_launch(kernel, args, meta: dict, arch: int = 90, asm: bool = False) 
         meta.pop(opt, None)
     if "EXACT" in meta:
         meta["EXACT"] = False
+    # the arguments a launch leaves at their defaults, bound as the JIT binds them (Triton 3.8
+    # no longer types an argument missing from the signature)
+    rest = [p for p in kernel.params[len(args):] if p.name not in meta]
+    meta.update({p.name: p.default for p in rest if p.is_constexpr})
+    args = list(args) + [None if p.name in meta else p.default for p in kernel.params[len(args):]]
     sig, consts, attrs = signature(kernel.arg_names, args, meta)
     ck = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32), options=options)
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -77,6 +84,9 @@ def compile_launch(kernel, args, meta: dict, arch: int = 90, asm: bool = False) 
         tools[tool] = path if os.path.exists(path) else shutil.which(tool)
         if tools[tool] is None:
             raise RuntimeError(f"{tool} not found (Triton's NVIDIA backend binaries, or PATH)")
+    # the ptxas Triton itself assembled with: its PTX version follows that one (Triton 3.9 uses
+    # its newer bundled ptxas-blackwell from sm_90 on; the plain ptxas rejects that PTX)
+    tools["ptxas"] = _triton_ptxas(arch) or tools["ptxas"]
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(ptx, "w") as f:
@@ -93,3 +103,12 @@ def compile_launch(kernel, args, meta: dict, arch: int = 90, asm: bool = False) 
             "spill_loads": int(spill.group(2)) if spill else 0, "stack": int(use["STACK"]),
             "local": int(use["LOCAL"]), "shared": int(use["SHARED"]), "smem": int(ck.metadata.shared),
             **({"asm": ck.asm} if asm else {})}
+
+
+def _triton_ptxas(arch: int) -> str | None:
+    """The path of the ptxas Triton's NVIDIA backend uses for `arch`, None where it cannot say."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        return get_ptxas(arch).path
+    except Exception:    # a Triton without the helper, or without its NVIDIA tools
+        return None

@@ -17,7 +17,7 @@ def _stored_entry(F, wrun, i, n, slot64, h, kh, rr, rm, cols, cmask, ub_ptr, kb_
                   HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
                   EPS: tl.constexpr):
     """F += w_i u_i k_i^T (k_i normalised) for entry i <= n, w_i = wrun; returns (F, wrun * alpha_i)."""
-    i_ok = i <= n
+    i_ok = tl.where(i <= n, True, False)  # i1 scalar (common/jit.py)
     ei_ = (slot64 * L + i) * HV + h
     ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok, other=0.0).to(tl.float32)
     ui = tl.load(ub_ptr + ei_ * DV + rr, mask=rm & i_ok, other=0.0).to(tl.float32)
@@ -200,7 +200,7 @@ def gdn_flush_step_kernel(
                             ckpt_store(lo_ptr, lo_sc_ptr, tile, row, S, m2, rm, LO_FP8, INTERP)
                     elif DUAL:
                         for i in tl.static_range(L):    # unrolled: every entry's loads issue up front
-                            i_ok = i <= n
+                            i_ok = tl.where(i <= n, True, False)  # i1 scalar (common/jit.py)
                             ei_ = (slot64 * L + i) * HV + h
                             ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
                                          other=0.0).to(tl.float32)
@@ -228,7 +228,7 @@ def gdn_flush_step_kernel(
                         else:         # unrolled: every entry's loads issue up front
                             for ii in tl.static_range(L):
                                 i = L - 1 - ii
-                                i_ok = i <= n
+                                i_ok = tl.where(i <= n, True, False)  # i1 scalar (common/jit.py)
                                 ei_ = (slot64 * L + i) * HV + h
                                 ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
                                              other=0.0).to(tl.float32)

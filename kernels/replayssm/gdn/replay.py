@@ -316,7 +316,7 @@ def gdn_replay_kernel(
         ec2 = tl.exp(C2)
         a2 = tl.exp(g2)
         ent = slot64 * L + n
-        ok = n < L
+        ok = tl.where(n < L, True, False)  # i1 scalar (common/jit.py)
         if PREFETCH:
             um = lm
         else:
@@ -357,7 +357,7 @@ def gdn_replay_kernel(
                 al_h = tl.sum(tl.where(sel, a2, 0.0), 0)
                 bt_h = tl.sum(tl.where(sel, b2, 0.0), 0)
                 for i in range(BLOCK_L):     # dynamic: an unrolled loop hoists every entry's loads (registers)
-                    i_ok = i < n
+                    i_ok = tl.where(i < n, True, False)  # i1 scalar (common/jit.py)
                     ei_ = (slot64 * L + i) * HV + h
                     ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
                                  other=0.0).to(tl.float32)
@@ -435,7 +435,7 @@ def gdn_replay_kernel(
                         wrun = 1.0    # w_i = prod_{i < j < n} alpha_j, from the newest entry down
                         for ii in range(BLOCK_L):    # dynamic: an unrolled loop hoists every entry's loads
                             i = BLOCK_L - 1 - ii
-                            i_ok = i < n
+                            i_ok = tl.where(i < n, True, False)  # i1 scalar (common/jit.py)
                             ei_ = (slot64 * L + i) * HV + h
                             ki = tl.load(kb_ptr + ((slot64 * L + i) * HK + kh) * DK + cols, mask=cmask & i_ok,
                                          other=0.0).to(tl.float32)

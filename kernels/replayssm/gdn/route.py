@@ -255,7 +255,7 @@ def _fold_few(S, slot64, h, kh, n, rows, rmask, cols, cmask, ub_ptr, kb_ptr, gb_
     batch 1); an entry i >= n
     (whatever its rows hold) is then replaced by decay 1 and u 0, so it leaves S as it is."""
     for i in tl.static_range(NMAX):
-        ok = i < n
+        ok = tl.where(i < n, True, False)  # i1 scalar (common/jit.py)
         e = slot64 * L + i
         gi = tl.load(gb_ptr + e * HV + h).to(tl.float32)
         ki = tl.load(kb_ptr + (e * HK + kh) * DK + cols, mask=cmask, other=0.0).to(tl.float32)

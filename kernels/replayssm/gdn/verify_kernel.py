@@ -156,7 +156,7 @@ def gdn_verify_kernel(
     ll = tl.arange(0, BLOCK_L)
     slot = tl.load(idx_ptr + b)
     slot = tl.where(slot < n_slots, slot, -1)      # past the pool: a no-op row, as padding
-    live = slot >= 0
+    live = tl.where(slot >= 0, True, False)  # i1 scalar (common/jit.py)
     slot64 = tl.maximum(slot, 0).to(tl.int64)
     kcol = kcol0 & live
     qcol = qcol0 & live

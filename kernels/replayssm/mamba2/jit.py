@@ -134,5 +134,5 @@ def slot_of(idx_ptr, row, n_slots, HAS_IDX: tl.constexpr):
         slot = tl.load(idx_ptr + row).to(tl.int64)
     else:
         slot = row.to(tl.int64)
-    live = (slot >= 0) & (slot < n_slots)
+    live = tl.where((slot >= 0) & (slot < n_slots), True, False)   # i1 scalar (common/jit.py)
     return tl.where(live, slot, 0), live

@@ -46,7 +46,7 @@ def mamba2_perdraft_kernel(
     ok = (c0 >= 0) & (c0 <= T)          # a start column outside 0..T, or a slot outside the pool: a no-op row
     c0 = tl.where(ok, c0, 0)
     src = tl.load(tbl_ptr + b * s_tbl_b + c0).to(tl.int64)
-    live = ok & (src >= 0) & (src < n_slots)
+    live = tl.where(ok & (src >= 0) & (src < n_slots), True, False)  # i1 scalar (common/jit.py)
     src = tl.where(live, src, 0)
     A = tl.load(A_ptr + h).to(tl.float32)
     Dh = tl.load(D_ptr + h).to(tl.float32)
@@ -66,7 +66,7 @@ def mamba2_perdraft_kernel(
         dtv = softplus(tl.load(dt_ptr + b * s_dt_b + t * s_dt_t + h).to(tl.float32) + dtb)
         S = tl.exp(dtv * A) * S + (dtv * xv)[:, None] * Bv[None, :]
         dst = tl.load(tbl_ptr + b * s_tbl_b + (c0 + 1 + t) % (T + 1)).to(tl.int64)
-        dok = (dst >= 0) & (dst < n_slots)
+        dok = tl.where((dst >= 0) & (dst < n_slots), True, False)  # i1 scalar (common/jit.py)
         tl.store(st_ptr + tl.where(dok, dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
                  mask=mask & dok)
         y = tl.sum(S * Cv[None, :], axis=1) + Dh * xv
@@ -102,7 +102,7 @@ def gdn_perdraft_kernel(
     ok = (c0 >= 0) & (c0 <= T)          # a start column outside 0..T, or a slot outside the pool: a no-op row
     c0 = tl.where(ok, c0, 0)
     src = tl.load(tbl_ptr + b * s_tbl_b + c0).to(tl.int64)
-    live = ok & (src >= 0) & (src < n_slots)
+    live = tl.where(ok & (src >= 0) & (src < n_slots), True, False)  # i1 scalar (common/jit.py)
     src = tl.where(live, src, 0)
     rmask = in_v & live
     mask = rmask[:, None] & (cmask[None, :] & live)
@@ -121,7 +121,7 @@ def gdn_perdraft_kernel(
         u = bt * (vv - alpha * sk)
         S = alpha * S + u[:, None] * kn[None, :]
         dst = tl.load(tbl_ptr + b * s_tbl_b + (c0 + 1 + t) % (T + 1)).to(tl.int64)
-        dok = (dst >= 0) & (dst < n_slots)
+        dok = tl.where((dst >= 0) & (dst < n_slots), True, False)  # i1 scalar (common/jit.py)
         tl.store(st_ptr + tl.where(dok, dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
                  mask=mask & dok)
         o = alpha * sq + u * tl.sum(kn * qn, 0)

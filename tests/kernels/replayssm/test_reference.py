@@ -101,7 +101,7 @@ def test_replay_equals_eager_fp64_long_horizon(family, L, K):
     rs.hi.data.copy_(init)
     cursors_seen = set()
     worst = 0.0
-    for t in range(1000):
+    for t in range(300):    # 37 to 300 flushes per sequence: fp64 drift would show
         idx = _indices(t, gen)
         inp = fam.inputs(4)
         live = idx[idx >= 0].long()

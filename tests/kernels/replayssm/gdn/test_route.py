@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replayssm import inputs as I
 from replayssm import reference as R
 from replayssm.gdn import plan as TK
 from replayssm.state import CURSOR_MASK, ByteCounter
@@ -12,6 +13,9 @@ from replayssm.state import CURSOR_MASK, ByteCounter
 from kernel_checks import DEV, TOL_F32, check_epoch_wrap, check_route_words, gen, out_tol, poisoned, random_rows, \
     rel_err
 from .checks import GD, SHIPPED, TALL, TINY, ckpt_check, make_pair, resync, state_check, step_inputs
+
+# two row tiles of BLOCK_V 8 and two dk chunks: the routes' loops at a third of TALL's interpreter time
+ROUTE_SHAPE = I.GDNShape(num_k_heads=1, num_v_heads=2, head_k_dim=24, head_v_dim=16)
 
 
 @pytest.mark.parametrize("mode,lo,sd", [("replay", None, "float32"), ("dual", "bfloat16", "float32"),
@@ -26,13 +30,13 @@ def test_eager_route_mixes_with_the_buffered_route(mode, lo, sd):
     # rows past the cursor differ: it appends before it flushes; the kernel route does not append)
     g = gen(7)
     K = 4
-    rs, rr = make_pair(TALL, 4, 6, K, mode, sd, lo, torch.bfloat16, g)
+    rs, rr = make_pair(ROUTE_SHAPE, 4, 6, K, mode, sd, lo, torch.bfloat16, g)
     routes = [True, False, False, True, True, False, False, False, True, True]
     flushed_pending = stale_flushed = 0
     for step, eager in enumerate(routes):
         idx = random_rows(4, 3, g, pad_p=0.2)
         live = idx[idx >= 0].long()
-        x = step_inputs(TALL, 3, torch.bfloat16, g)
+        x = step_inputs(ROUTE_SHAPE, 3, torch.bfloat16, g)
         if eager:
             flushed_pending += int((rr.entries(live) > 0).sum())
         else:
@@ -135,7 +139,7 @@ def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk):
     # (the epoch's "late" case); on a GPU most read the word from before the launch.
     g = gen(17 + rk)
     K = 4
-    rs, rr = make_pair(TALL, 5, 8, K, mode, sd, lo, torch.bfloat16, g)
+    rs, rr = make_pair(ROUTE_SHAPE, 5, 8, K, mode, sd, lo, torch.bfloat16, g)
     rs.counter, rr.counter = ByteCounter(), ByteCounter()
     plan = ["defer"] * 5 + ["buffered", "defer", "defer", "eager", "defer", "defer", "defer", "spec", "defer",
                             "defer", "buffered", "buffered", "defer", "defer", "defer"]
@@ -145,7 +149,7 @@ def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk):
         live = idx[idx >= 0].long()
         before = rs.cursor.clone()
         if how == "spec":
-            x = step_inputs(TALL, 4, torch.bfloat16, g, T=2)
+            x = step_inputs(ROUTE_SHAPE, 4, torch.bfloat16, g, T=2)
             o = GD.verify(rs, **x, state_indices=idx, out=poisoned(x["v"]))
             o_ref = R.gdn_verify(rr, **x, state_indices=idx)
             assert rel_err(o, o_ref) <= out_tol(torch.bfloat16), f"{mode} step {step} verify: {rel_err(o, o_ref):.3g}"
@@ -153,7 +157,7 @@ def test_deferred_route_mixes_with_every_other_op(mode, lo, sd, rk):
             GD.commit(rs, acc, idx)
             R.gdn_commit(rr, acc, idx)
         else:
-            x = step_inputs(TALL, 4, torch.bfloat16, g)
+            x = step_inputs(ROUTE_SHAPE, 4, torch.bfloat16, g)
             route = {"defer": rk, "eager": 1, "buffered": 0}[how]
             cfg = {"BLOCK_V": 8, "num_warps": 1, "EAGER_ROUTE": route > 0, "ROUTE_K": max(route, 1)}
             o = GD.replay_step(rs, **x, state_indices=idx, out=poisoned(x["v"]), config=cfg)

@@ -94,7 +94,7 @@ def test_verify_commit_match_reference(case):
     slots, batch = 4, (2 if sh is GQA else 3)
     rs, rr = make_pair(sh, slots, L, K, mode, sd, lo, act, g)
     flushes = 0
-    for cyc in range(6):
+    for cyc in range(4):
         idx = random_rows(slots, batch, g).long()     # int64 indices are accepted too
         x = step_inputs(sh, batch, act, g, T=T)
         out = poisoned(x["v"])
@@ -120,7 +120,7 @@ def test_verify_commit_match_reference(case):
 
 
 def test_verify_commit_long_horizon():
-    """20 speculative rounds with random per-row accept counts (0..T, mixed in one batch) and
+    """12 speculative rounds with random per-row accept counts (0..T, mixed in one batch) and
     padded rows, through the shipped fp32 commit route (the flush step's matrix-product fold,
     32 x 32 dk tiles here): outputs, checkpoints, cursors and buffers stay the reference's
     round after round, across many flushes. (Dual states commit through the fold kernel,
@@ -129,7 +129,7 @@ def test_verify_commit_long_horizon():
     T, K, L, slots, batch = 3, 4, 7, 4, 3
     rs, rr = make_pair(TALL, slots, L, K, "replay", "float32", None, torch.bfloat16, g)
     flushes = 0
-    for rnd in range(20):
+    for rnd in range(12):
         idx = random_rows(slots, batch, g)
         x = step_inputs(TALL, batch, torch.bfloat16, g, T=T)
         o = GD.verify(rs, **x, state_indices=idx, out=poisoned(x["v"]))
@@ -140,4 +140,4 @@ def test_verify_commit_long_horizon():
         GD.commit(rs, acc, idx)
         R.gdn_commit(rr, acc, idx)
         state_check(rs, rr, f"round {rnd}")
-    assert flushes >= 8, f"only {flushes} flushes exercised"
+    assert flushes >= 6, f"only {flushes} flushes exercised"

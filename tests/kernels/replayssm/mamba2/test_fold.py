@@ -34,7 +34,7 @@ def test_flush(device, mode, lo):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("listed,rounds", [(True, 16), (False, 8)], ids=["list", "per-row"])
+@pytest.mark.parametrize("listed,rounds", [(True, 8), (False, 8)], ids=["list", "per-row"])
 def test_commit_routes_long_horizon(device, listed, rounds):
     """Rounds of verify + commit with random accepts 0..T per row over random row subsets
     (padded rows too) through the commit's two routes: the folding rows listed and folded by
