@@ -65,7 +65,7 @@ def mamba2_perdraft_kernel(
         S = tl.exp(dtv * A) * S + (dtv * xv)[:, None] * Bv[None, :]
         dst = tl.load(tbl_ptr + b * s_tbl_b + (c0 + 1 + t) % (T + 1)).to(tl.int64)
         tl.store(st_ptr + tl.maximum(dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
-                 mask=mask & (dst >= 0))
+                 mask=mask & tl.where(dst >= 0, True, False))   # i1 scalar (common/jit.py)
         y = tl.sum(S * Cv[None, :], axis=1) + Dh * xv
         if HAS_Z:
             zv = tl.load(z_ptr + b * s_z_b + t * s_z_t + h * s_z_h + offs_p, mask=mask_p, other=0.0).to(tl.float32)
@@ -117,6 +117,6 @@ def gdn_perdraft_kernel(
         S = alpha * S + u[:, None] * kn[None, :]
         dst = tl.load(tbl_ptr + b * s_tbl_b + (c0 + 1 + t) % (T + 1)).to(tl.int64)
         tl.store(st_ptr + tl.maximum(dst, 0) * s_st_s + tile, cast(S, st_ptr.dtype.element_ty, EXACT),
-                 mask=mask & (dst >= 0))
+                 mask=mask & tl.where(dst >= 0, True, False))   # i1 scalar (common/jit.py)
         o = alpha * sq + u * tl.sum(kn * qn, 0)
         tl.store(o_ptr + b * s_o_b + t * s_o_t + h * s_o_h + rows, cast(o, o_ptr.dtype.element_ty, EXACT), mask=in_v)
