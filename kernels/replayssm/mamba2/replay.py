@@ -359,7 +359,8 @@ def _replay_step_kernel(
         if not PRE_COEF:    # (else the pre-pass appended them)
             append = live & (pid_p == 0)
             tl.store(bdt_ptr + slot * s_bdt_s + n * s_bdt_l + h, dt_n, mask=append)
-            tl.store(bB_ptr + bB_base + n * s_bB_l + offs_n, Bn_buf, mask=mask_n & append & (h % HPG == 0))
+            tl.store(bB_ptr + bB_base + n * s_bB_l + offs_n, Bn_buf, mask=mask_n & append
+                     & tl.where(h % HPG == 0, True, False))   # i1 scalar (common/jit.py)
 
 
 @triton.jit

@@ -270,7 +270,7 @@ def _verify_kernel(
 
     # append the drafts' dt (once per head) and B rows (once per group) at rows n..n+T-1
     pos = n + offs_t
-    wr = mask_t & (pos < L) & (pid_p == 0)
+    wr = mask_t & (pos < L) & tl.where(pid_p == 0, True, False)   # i1 scalar (common/jit.py)
     tl.store(bdt_ptr + slot * s_bdt_s + pos * s_bdt_l + h, dd, mask=wr)
     if h % HPG == 0:   # the group's B rows (re-read: L2 hits)
         for c0 in tl.range(0, N, BLOCK_N):
