@@ -109,9 +109,10 @@ print(json.dumps({k: G.compile_offline(p) for k, p in res.items()}))
 # 160-register budget; the dual output launch above batch 128 (64-row chunks under 80 registers).
 SPILL_ALLOWED = {"verify T4 b256": 4, "verify T6 b256": 16, "commit scan int64 indices b256 launch 1": 24,
                  "replay dual bfloat16 b256 launch 0": 16}
-# Triton 3.7 (the CUDA builds of torch 2.12 / 2.13) allocates registers a little worse in the
-# opt-in rank-1 flush step (F_FOLD_MMA False, not a table route); 3.6, 3.8 and 3.9 do not spill there.
-SPILL_ALLOWED_TRITON_3_7 = {"replay rank-1 flush step b256": 8}
+# Per Triton minor version, where a newer allocator spills a little more than 3.6 (the GPU
+# machine's): 3.7 in the opt-in rank-1 flush step (F_FOLD_MMA False, not a table route), 3.9 in
+# the dual verify at T 6, a launch already tuned to spill 16 bytes.
+SPILL_ALLOWED_BY_TRITON = {"3.7.": {"replay rank-1 flush step b256": 8}, "3.9.": {"verify T6 b256": 20}}
 
 
 @pytest.mark.skipif(CUDA, reason="the CUDA run compiles and runs the kernels for real")
@@ -126,7 +127,8 @@ def test_kernels_compile_for_hopper_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     use = json.loads(r.stdout.strip().splitlines()[-1])
-    spills = {**SPILL_ALLOWED, **(SPILL_ALLOWED_TRITON_3_7 if triton.__version__.startswith("3.7.") else {})}
+    newer = [v for k, v in SPILL_ALLOWED_BY_TRITON.items() if triton.__version__.startswith(k)]
+    spills = {**SPILL_ALLOWED, **(newer[0] if newer else {})}
     for name, u in use.items():
         allowed = spills.get(name, 0)
         assert u["spill_stores"] <= allowed and u["spill_loads"] <= allowed, f"{name} spills: {u}"
