@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_checks import spills_allowed
+
 _OFFLINE = r"""
 import json, os
 os.environ.pop("TRITON_INTERPRET", None)
@@ -94,9 +96,9 @@ print(json.dumps(out))
 # budgets, whose spills are all in the flushing programs' fold.
 SPILL_ALLOWED = {"verify T4 dual bf16 (64 + 16 rows)": 12, "replay dual fp8": 72, "super replay dual bf16": 96,
                  "replay dual bf16": 4, "super replay bf16": 16, "replay bf16": 16}
-# Triton 3.7 (the CUDA builds of torch 2.12 / 2.13) allocates registers a little worse in the
-# opt-in Gram pre-pass's dual verify (not a table route); 3.6, 3.8 and 3.9 do not spill there.
-SPILL_ALLOWED_TRITON_3_7 = {"verify T4 dual bf16 gram": 4}
+# Per Triton minor version, where a newer allocator spills a little more than 3.6 (the GPU
+# machine's): 3.7 in the opt-in Gram pre-pass's dual verify (not a table route).
+SPILL_ALLOWED_BY_TRITON = {"3.7.": {"verify T4 dual bf16 gram": 4}}
 
 
 def _offline_json(script: str) -> dict:
@@ -123,9 +125,8 @@ def test_compiles_for_sm90():
     with the launch table's configs: no register spills (but those of SPILL_ALLOWED), and at
     least 4 programs fit on an SM (65536 registers, 2048 threads), which the tuned configs were
     measured with."""
-    import triton
     report = _offline_json(_OFFLINE)
-    spills = {**SPILL_ALLOWED, **(SPILL_ALLOWED_TRITON_3_7 if triton.__version__.startswith("3.7.") else {})}
+    spills = spills_allowed(SPILL_ALLOWED, SPILL_ALLOWED_BY_TRITON)
     for name, r in report.items():
         allowed = spills.get(name.split(":")[0], 0)
         assert r["spill_stores"] <= allowed and r["spill_loads"] <= allowed, f"{name} spills: {r}"
