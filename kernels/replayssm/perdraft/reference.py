@@ -32,6 +32,19 @@ def perdraft_advance(start: torch.Tensor, accepted: torch.Tensor, T: int) -> tor
     return start
 
 
+def _check_table(slot_table: torch.Tensor, batch: int, T: int) -> None:
+    if slot_table.shape != (batch, T + 1):
+        raise ValueError(f"slot_table must be [batch, 1 + T] = [{batch}, {T + 1}], got {tuple(slot_table.shape)}")
+
+
+def _store(states: torch.Tensor, S: torch.Tensor, dst_t: torch.Tensor) -> int:
+    """Write the state after a token to each live row's destination slot (negative: skipped);
+    returns the number of states written."""
+    ok = dst_t >= 0
+    states[dst_t[ok]] = S[ok].to(states.dtype)
+    return int(ok.sum())
+
+
 def mamba2_verify_perdraft(states: torch.Tensor, slot_table: torch.Tensor, start: torch.Tensor, x, dt, A, B, C, D,
                            dt_bias, z=None, counter: ByteCounter | None = None) -> torch.Tensor:
     """Per-draft verification of T tokens (vLLM's speculative path), Mamba-2.
@@ -45,8 +58,7 @@ def mamba2_verify_perdraft(states: torch.Tensor, slot_table: torch.Tensor, start
     """
     cd = compute_dtype(states, x)
     T, H = x.shape[1], x.shape[2]
-    if slot_table.shape != (x.shape[0], T + 1):
-        raise ValueError(f"slot_table must be [batch, 1 + T] = [{x.shape[0]}, {T + 1}], got {tuple(slot_table.shape)}")
+    _check_table(slot_table, x.shape[0], T)
     rows, src, dst = perdraft_rows(slot_table, start, states.shape[0])
     out = torch.zeros_like(x)
     writes = 0
@@ -63,9 +75,7 @@ def mamba2_verify_perdraft(states: torch.Tensor, slot_table: torch.Tensor, start
             if z is not None:
                 y = y * F.silu(z[rows, t].to(cd))
             out[rows, t] = y.to(x.dtype)
-            ok = dst[:, t] >= 0
-            states[dst[ok, t]] = S[ok].to(states.dtype)
-            writes += int(ok.sum())
+            writes += _store(states, S, dst[:, t])
     count_perdraft(counter, states, len(rows), writes, len(rows) * mamba2_io_bytes(x, dt, B, C, z),
                     len(rows) * x[0].numel() * x.element_size())
     return out
@@ -83,8 +93,7 @@ def gdn_verify_perdraft(states: torch.Tensor, slot_table: torch.Tensor, start: t
     """
     cd = compute_dtype(states, v)
     T, Hv, dk = v.shape[1], v.shape[2], q.shape[3]
-    if slot_table.shape != (v.shape[0], T + 1):
-        raise ValueError(f"slot_table must be [batch, 1 + T] = [{v.shape[0]}, {T + 1}], got {tuple(slot_table.shape)}")
+    _check_table(slot_table, v.shape[0], T)
     scale = gdn_scale(dk) if scale is None else scale
     rows, src, dst = perdraft_rows(slot_table, start, states.shape[0])
     out = torch.zeros_like(v)
@@ -97,9 +106,7 @@ def gdn_verify_perdraft(states: torch.Tensor, slot_table: torch.Tensor, start: t
             u = b_[..., None] * (v[rows, t].to(cd) - alpha[..., None] * torch.einsum("bhvk,bhk->bhv", S, kn[:, t]))
             S = alpha[..., None, None] * S + u[..., None] * kn[:, t, :, None, :]
             out[rows, t] = torch.einsum("bhvk,bhk->bhv", S, qn[:, t]).to(v.dtype)
-            ok = dst[:, t] >= 0
-            states[dst[ok, t]] = S[ok].to(states.dtype)
-            writes += int(ok.sum())
+            writes += _store(states, S, dst[:, t])
     count_perdraft(counter, states, len(rows), writes, len(rows) * gdn_io_bytes(q, k, v, g, beta),
                     len(rows) * v[0].numel() * v.element_size())
     return out
